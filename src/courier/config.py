@@ -1,0 +1,166 @@
+"""Where courier's files live and the knobs that tune it.
+
+Trust: reads the environment and command-line flags only; every path it returns
+is built from those, never from mail content.
+Logs: nothing (callers log what they decide).
+Limits: the optional TOML file is read by the CLI, not here; this module only
+validates values, whatever their source.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Mapping
+
+# The convention treats these suite names as "no suite" (research/helm-mailbox.md).
+_NO_SUITE = {"", "com.wirasm.helm", "helm"}
+
+
+class ConfigError(ValueError):
+    """A setting that makes no sense: reported at start-up, never silently defaulted."""
+
+
+def _home(env: Mapping[str, str]) -> Path:
+    home = env.get("HOME", "").strip()
+    return Path(home) if home else Path.home()
+
+
+def mail_root(env: Mapping[str, str], flag: str | None = None) -> Path:
+    """The mail root exactly as the helm convention resolves it, unless a flag overrides."""
+    if flag:
+        return Path(flag).expanduser().resolve()
+    override = env.get("HELM_MAIL_DIR", "").strip()
+    if override:
+        return Path(override).expanduser().resolve()
+    suite = env.get("HELM_DEFAULTS_SUITE", "").strip()
+    if suite not in _NO_SUITE and "/" not in suite:
+        return _home(env) / ".helm" / f"mail-{suite}"
+    return _home(env) / ".helm" / "mail"
+
+
+def claude_config_dir(env: Mapping[str, str], flag: str | None = None) -> Path:
+    if flag:
+        return Path(flag).expanduser().resolve()
+    configured = env.get("CLAUDE_CONFIG_DIR", "").strip()
+    if configured:
+        return Path(configured).expanduser().resolve()
+    return _home(env) / ".claude"
+
+
+def state_dir(env: Mapping[str, str], flag: str | None = None) -> Path:
+    if flag:
+        return Path(flag).expanduser().resolve()
+    configured = env.get("COURIER_STATE_DIR", "").strip()
+    if configured:
+        return Path(configured).expanduser().resolve()
+    xdg = env.get("XDG_STATE_HOME", "").strip()
+    if xdg:
+        return Path(xdg).expanduser().resolve() / "courier"
+    return _home(env) / ".local" / "state" / "courier"
+
+
+def registry_dir(config_dir: Path) -> Path:
+    return config_dir / "sessions"
+
+
+@dataclass(frozen=True)
+class Config:
+    mail_root: Path
+    claude_config_dir: Path
+    state_dir: Path
+    # A drop must be noticed within ~10 ms; watchfiles' 1600 ms default would make
+    # every doorbell late (DESIGN §7).
+    debounce_ms: int = 10
+    step_ms: int = 5
+    rescan_interval_s: float = 60.0
+    poke_timeout_s: float = 2.0
+    # An outstanding doorbell older than this, with mail still queued, may ring once more.
+    outstanding_limit_s: float = 600.0
+    # Claude Code refills its per-sender bucket at one line per 2 s.
+    session_min_interval_s: float = 2.0
+    wake_cap: int = 3
+    wake_half_life_s: float = 600.0
+    max_concurrent_pokes: int = 64
+    log_format: str = "json"
+    log_level: str = "info"
+    extra: dict = field(default_factory=dict, compare=False)
+
+    @property
+    def registry_dir(self) -> Path:
+        return registry_dir(self.claude_config_dir)
+
+    def validated(self) -> "Config":
+        def positive(name: str, value: float) -> None:
+            if not isinstance(value, (int, float)) or isinstance(value, bool):
+                raise ConfigError(f"{name} must be a number, got {value!r}")
+            if not math.isfinite(value) or value <= 0:
+                raise ConfigError(f"{name} must be a positive finite number, got {value!r}")
+
+        positive("rescan interval", self.rescan_interval_s)
+        positive("poke timeout", self.poke_timeout_s)
+        positive("outstanding limit", self.outstanding_limit_s)
+        positive("wake half-life", self.wake_half_life_s)
+        if not isinstance(self.session_min_interval_s, (int, float)) or not (
+            math.isfinite(self.session_min_interval_s) and self.session_min_interval_s >= 0
+        ):
+            raise ConfigError(f"minimum poke interval must be >= 0, got {self.session_min_interval_s!r}")
+        if isinstance(self.wake_cap, bool) or not isinstance(self.wake_cap, int) or self.wake_cap < 1:
+            raise ConfigError(f"wake cap must be a whole number >= 1, got {self.wake_cap!r}")
+        if self.wake_cap > 1000:
+            raise ConfigError(f"wake cap {self.wake_cap} is no brake at all; use at most 1000")
+        if self.poke_timeout_s > 25:
+            # Claude Code closes a connection that sends no full line within 30 s.
+            raise ConfigError("poke timeout must stay under 25 s (Claude Code's first-line deadline is 30 s)")
+        for name, value in (("debounce", self.debounce_ms), ("step", self.step_ms)):
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 5000:
+                raise ConfigError(f"{name} must be 1..5000 ms, got {value!r}")
+        if self.max_concurrent_pokes < 1:
+            raise ConfigError("max concurrent pokes must be >= 1")
+        if self.log_format not in ("json", "console"):
+            raise ConfigError(f"log format must be json or console, got {self.log_format!r}")
+        if self.log_level not in ("debug", "info", "warning", "error"):
+            raise ConfigError(f"log level must be debug, info, warning or error, got {self.log_level!r}")
+        return self
+
+    def with_(self, **changes) -> "Config":
+        return replace(self, **changes)
+
+
+def parse_duration(text: str) -> float:
+    """'90', '90s', '10m', '1.5h' -> seconds. Raises ConfigError on anything else."""
+    raw = str(text).strip().lower()
+    units = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+    for suffix in ("ms", "s", "m", "h"):
+        if raw.endswith(suffix):
+            number, scale = raw[: -len(suffix)], units[suffix]
+            break
+    else:
+        number, scale = raw, 1.0
+    try:
+        value = float(number) * scale
+    except ValueError:
+        raise ConfigError(f"not a duration: {text!r} (use e.g. 30s, 10m, 1.5h)") from None
+    if not math.isfinite(value) or value < 0:
+        raise ConfigError(f"not a duration: {text!r}")
+    return value
+
+
+def from_env(
+    env: Mapping[str, str] | None = None,
+    *,
+    mail_dir: str | None = None,
+    config_dir: str | None = None,
+    state: str | None = None,
+    **knobs,
+) -> Config:
+    env = os.environ if env is None else env
+    cfg = Config(
+        mail_root=mail_root(env, mail_dir),
+        claude_config_dir=claude_config_dir(env, config_dir),
+        state_dir=state_dir(env, state),
+    )
+    knobs = {k: v for k, v in knobs.items() if v is not None}
+    return replace(cfg, **knobs).validated()

@@ -1,0 +1,40 @@
+"""structlog configuration: one JSON object per line for machines, console rendering for people.
+
+Trust: log lines carry handles, pids, session ids, reasons and counts; never a
+message body, subject or `from` (those are hostile and may be private).
+Logs: this is the logger.
+Limits: structlog's native filtering logger, not the stdlib, for speed (structlog docs/performance.md).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import TextIO
+
+import structlog
+
+LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
+
+
+def configure(fmt: str = "json", level: str = "info", stream: TextIO | None = None) -> None:
+    stream = stream if stream is not None else sys.stderr
+    renderer = (
+        structlog.dev.ConsoleRenderer(colors=stream.isatty())
+        if fmt == "console"
+        else structlog.processors.JSONRenderer(sort_keys=False)
+    )
+    structlog.configure(
+        processors=[
+            structlog.processors.TimeStamper(fmt="iso", utc=True, key="ts"),
+            structlog.processors.add_log_level,
+            renderer,
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(LEVELS[level]),
+        logger_factory=structlog.PrintLoggerFactory(stream),
+        cache_logger_on_first_use=False,
+    )
+
+
+def get(**context):
+    return structlog.get_logger().bind(**context)

@@ -1,0 +1,169 @@
+"""What an operator sees: one row per box, resolved the same way the daemon resolves it.
+
+Trust: reads the mail root, the registry and courier's state dir; writes nothing.
+Owner fields shown are one bounded line each; nothing from a message is read.
+Logs: nothing (prints through the CLI).
+Limits: `outstanding` and the last receipt come from the running daemon's
+status snapshot, which it writes at most once a second.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from . import mailbox, registry, wakecap
+from .config import Config
+from .resolve import Target, Unreachable, resolve
+
+
+@dataclass
+class Row:
+    handle: str
+    runtime: str | None
+    owner_pid: int | None
+    session_id: str | None
+    reachable: bool
+    reason: str | None
+    socket: str | None
+    queued: int
+    rejected: int
+    outstanding: bool
+    wake_level: float
+    last_ring: float | None
+    last_reason: str | None
+    last_receipt: dict | None
+
+
+def resolve_box(cfg: Config, handle: str, index: dict[str, list[int]]) -> Target | Unreachable:
+    box = mailbox.box_dir(cfg.mail_root, handle)
+    try:
+        owner = mailbox.read_owner(box)
+    except FileNotFoundError:
+        return Unreachable(handle, "owner_missing")
+    except mailbox.Unsafe as exc:
+        return Unreachable(handle, f"owner_{exc.reason}")
+    except OSError:
+        return Unreachable(handle, "owner_unreadable")
+    pids = {owner.pid} if owner.pid else set()
+    pids.update(index.get(owner.session_id or "", ()))
+    records, problems = registry.candidate_records(cfg.registry_dir, pids)
+    live = {r.pid: registry.live_start_of(r) for r in records}
+    result = resolve(handle, owner, records, live, registry.own_pid_domain())
+    if isinstance(result, Unreachable) and result.reason == "no_record" and owner.pid in problems:
+        return Unreachable(handle, problems[owner.pid], owner.pid, owner.session_id)
+    if isinstance(result, Target):
+        problem = registry.vet_socket(result.socket_path)
+        if problem:
+            return Unreachable(handle, problem, result.pid, result.session_id)
+    return result
+
+
+def load_snapshot(cfg: Config) -> dict:
+    try:
+        return mailbox.read_json_object(cfg.state_dir / "status.json", 32 << 20)
+    except (OSError, mailbox.Unsafe):
+        return {}
+
+
+def rows(cfg: Config, handles: list[str] | None = None) -> list[Row]:
+    index = registry.session_index(cfg.registry_dir)
+    table, _problem = wakecap.load(cfg.state_dir, cfg.wake_cap, time.time())
+    snap = load_snapshot(cfg).get("boxes", {})
+    if not isinstance(snap, dict):
+        snap = {}
+    if handles is None:
+        try:
+            handles, _skipped = mailbox.list_handles(cfg.mail_root)
+        except FileNotFoundError:
+            handles = []
+    now = time.time()
+    out = []
+    for handle in handles:
+        box = mailbox.box_dir(cfg.mail_root, handle)
+        try:
+            listing = mailbox.list_box(box)
+        except OSError:
+            continue
+        try:
+            owner = mailbox.read_owner(box)
+            runtime, opid, sid = owner.runtime, owner.pid, owner.session_id
+        except (OSError, mailbox.Unsafe):
+            runtime = opid = sid = None
+        result = resolve_box(cfg, handle, index)
+        level = wakecap.apply_operator_turn(table.get(handle), wakecap.operator_turn_at(cfg.state_dir, handle))
+        info = snap.get(handle) if isinstance(snap.get(handle), dict) else {}
+        out.append(
+            Row(
+                handle=handle,
+                runtime=_line(runtime, 16),
+                owner_pid=opid,
+                session_id=_line(sid, 64),
+                reachable=isinstance(result, Target),
+                reason=None if isinstance(result, Target) else result.reason,
+                socket=result.socket_path if isinstance(result, Target) else None,
+                queued=len(listing.queued),
+                rejected=len(listing.rejected),
+                outstanding=bool(info.get("outstandingSince")),
+                wake_level=round(wakecap.level_at(level, now, cfg.wake_half_life_s), 3),
+                last_ring=table.last_ring.get(handle),
+                last_reason=_line(info.get("lastReason"), 64),
+                last_receipt=info.get("lastReceipt") if isinstance(info.get("lastReceipt"), dict) else None,
+            )
+        )
+    return out
+
+
+def _line(value, limit: int):
+    if not isinstance(value, str):
+        return value if isinstance(value, (int, float)) else None
+    text = "".join(ch if ch.isprintable() else "?" for ch in value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _ago(ts: float | None, now: float) -> str:
+    if not ts:
+        return "-"
+    delta = max(0, now - ts)
+    if delta < 120:
+        return f"{delta:.0f}s ago"
+    if delta < 7200:
+        return f"{delta / 60:.0f}m ago"
+    return f"{delta / 3600:.1f}h ago"
+
+
+def render(rows_: list[Row], daemon_pid: int | None, as_json: bool) -> str:
+    now = time.time()
+    waiting = sum(1 for r in rows_ if r.queued)
+    reachable = sum(1 for r in rows_ if r.reachable)
+    if as_json:
+        return json.dumps(
+            {
+                "daemon": {"running": daemon_pid is not None, "pid": daemon_pid},
+                "summary": {"boxes": len(rows_), "withMail": waiting, "reachable": reachable},
+                "boxes": [asdict(r) for r in rows_],
+            },
+            indent=2,
+        )
+    lines = [
+        f"{'HANDLE':<28} {'RUNTIME':<7} {'PID':>7} {'SESSION':<10} {'REACH':<22} {'QUEUED':>6} "
+        f"{'RUNG':<4} {'LEVEL':>5} {'LAST RING':<10} RECEIPT"
+    ]
+    for r in rows_:
+        reach = "ok" if r.reachable else (r.reason or "?")
+        receipt = "-"
+        if r.last_receipt:
+            receipt = f"{r.last_receipt.get('status')} {_ago(r.last_receipt.get('at'), now)}"
+            hint = r.last_receipt.get("hint")
+            if hint:
+                receipt += f" — {hint}"
+        lines.append(
+            f"{r.handle[:28]:<28} {(r.runtime or '-')[:7]:<7} {r.owner_pid or '-':>7} "
+            f"{(r.session_id or '-')[:8]:<10} {reach[:22]:<22} {r.queued:>6} "
+            f"{'yes' if r.outstanding else 'no':<4} {r.wake_level:>5.2f} {_ago(r.last_ring, now):<10} {receipt}"
+        )
+    state = f"running (pid {daemon_pid})" if daemon_pid else "NOT running"
+    lines.append(f"{len(rows_)} boxes, {waiting} with mail, {reachable} reachable; daemon {state}")
+    return "\n".join(lines)

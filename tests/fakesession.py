@@ -1,0 +1,156 @@
+"""A fake Claude Code session for tests: a separate process with a real socket and a real registry record.
+
+Run as a script: python fakesession.py --socket S --registry DIR --session-id SID --out FILE
+                 [--behaviour accept|never_read|close_early|no_listen|wrong_pid_record]
+                 [--receipt held|dropped|denied|delivered|refused] [--reply]
+It binds S (mode 0600, its dir must be 0700), writes <DIR>/<its pid>.json exactly as
+Claude does (pid, sessionId, procStart from /proc, pidDomain, messagingSocketPath),
+then records every line it receives, one JSON object per line, to FILE.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import sys
+import threading
+import time
+import uuid
+
+
+def proc_start(pid: int) -> str:
+    raw = open(f"/proc/{pid}/stat").read()
+    return raw[raw.rindex(")") + 2 :].split(" ")[19]
+
+
+def pid_domain() -> str | None:
+    try:
+        return f"linux:{open('/etc/machine-id').read().strip()}:{os.readlink('/proc/self/ns/pid')}"
+    except OSError:
+        return None
+
+
+def send_receipt(line: dict, status: str) -> None:
+    addr = line.get("from")
+    if not isinstance(addr, str) or not addr.startswith("uds:"):
+        return
+    from urllib.parse import unquote
+
+    path = unquote(addr[4:])
+    receipt = {
+        "type": "control",
+        "action": "peer_message_status",
+        "status": status,
+        "reason": f"fake {status}",
+        "orig_msg_id": line.get("msg_id"),
+        "msgV": 1,
+        "msg_id": str(uuid.uuid4()),
+    }
+    if status == "refused":
+        receipt["status"] = "expired"
+        receipt["status_detail"] = "refused"
+    if status == "dropped":
+        receipt["drop_reason"] = "duplicate"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.connect(path)
+        s.sendall((json.dumps(receipt) + "\n").encode())
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--socket", help="socket path (default <--socket-dir>/<pid>.sock)")
+    ap.add_argument("--socket-dir", help="directory for <pid>.sock, as Claude names it")
+    ap.add_argument("--registry", required=True)
+    ap.add_argument("--session-id", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--behaviour", default="accept")
+    ap.add_argument("--receipt", default=None)
+    ap.add_argument("--status", default="idle")
+    ap.add_argument("--reply", action="store_true", help="also send a user line to the poke's from address")
+    args = ap.parse_args()
+
+    pid = os.getpid()
+    if not args.socket:
+        args.socket = os.path.join(args.socket_dir, f"{pid}.sock")
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        os.unlink(args.socket)
+    except FileNotFoundError:
+        pass
+    sock.bind(args.socket)
+    os.chmod(args.socket, 0o600)
+    if args.behaviour != "no_listen":
+        sock.listen(64)
+    record = {
+        "pid": pid,
+        "sessionId": args.session_id,
+        "cwd": os.getcwd(),
+        "startedAt": int(time.time() * 1000),
+        "procStart": proc_start(pid),
+        "version": "2.1.328",
+        "peerProtocol": 1,
+        "kind": "interactive",
+        "entrypoint": "cli",
+        "messagingSocketPath": args.socket,
+        "status": args.status,
+    }
+    dom = pid_domain()
+    if dom:
+        record["pidDomain"] = dom
+    os.makedirs(args.registry, mode=0o700, exist_ok=True)
+    tmp = os.path.join(args.registry, f".{pid}.tmp")
+    with open(tmp, "w") as f:
+        json.dump(record, f)
+    os.rename(tmp, os.path.join(args.registry, f"{pid}.json"))
+    print("ready", flush=True)
+    if args.behaviour == "no_listen":
+        time.sleep(3600)
+        return 0
+    out = open(args.out, "a", buffering=1)
+    held = []
+    while True:
+        conn, _ = sock.accept()
+        if args.behaviour == "close_early":
+            conn.close()
+            continue
+        if args.behaviour == "never_read":
+            held.append(conn)  # accept, never read, never close
+            continue
+        data = b""
+        conn.settimeout(30)
+        try:
+            while True:
+                chunk = conn.recv(65536)
+                if not chunk:
+                    break
+                data += chunk
+        except OSError:
+            pass
+        conn.close()
+        for raw in data.split(b"\n"):
+            if not raw.strip():
+                continue
+            try:
+                line = json.loads(raw)
+            except ValueError:
+                line = {"unparsed": raw.decode("utf-8", "replace")}
+            out.write(json.dumps({"at": time.time(), "line": line}) + "\n")
+            if args.receipt:
+                threading.Thread(target=send_receipt, args=(line, args.receipt), daemon=True).start()
+            if args.reply and isinstance(line, dict) and line.get("from"):
+                threading.Thread(target=_reply, args=(line,), daemon=True).start()
+
+
+def _reply(line: dict) -> None:
+    from urllib.parse import unquote
+
+    path = unquote(line["from"][4:])
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.connect(path)
+        s.sendall(b'{"type":"user","message":{"role":"user","content":"thanks"}}\n')
+
+
+if __name__ == "__main__":
+    sys.exit(main())
