@@ -1,0 +1,245 @@
+"""Shared fixtures: private paths for every test, fake sessions as real processes, courier as a real process."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).parent
+FAKE = HERE / "fakesession.py"
+
+
+def wait_for(predicate, timeout: float = 5.0, interval: float = 0.01, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+@dataclass
+class Env:
+    root: Path
+    home: Path
+    mail: Path
+    claude: Path
+    runtime: Path
+    state: Path
+    socks: Path
+
+    @property
+    def registry(self) -> Path:
+        return self.claude / "sessions"
+
+    def vars(self) -> dict:
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if k not in ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "HELM_MAIL_HANDLE", "HELM_MAIL_OFF")
+        }
+        env.update(
+            HOME=str(self.home),
+            CLAUDE_CONFIG_DIR=str(self.claude),
+            HELM_MAIL_DIR=str(self.mail),
+            XDG_RUNTIME_DIR=str(self.runtime),
+            XDG_STATE_HOME=str(self.home / ".local" / "state"),
+            COURIER_STATE_DIR=str(self.state),
+            TMPDIR=str(self.root / "tmp"),
+            PYTHONUNBUFFERED="1",
+        )
+        env.pop("HELM_DEFAULTS_SUITE", None)
+        return env
+
+    def claim(self, handle: str, pid: int, session_id: str, runtime: str = "claude", **extra) -> Path:
+        box = self.mail / handle
+        (box / "read").mkdir(parents=True, exist_ok=True)
+        owner = {"handle": handle, "runtime": runtime, "pid": pid, "sessionId": session_id, "cwd": "/w", "claimedAt": 1}
+        owner.update(extra)
+        (box / "owner.json").write_text(json.dumps(owner))
+        return box
+
+    def drop(self, handle: str, body: str = "BODY-SECRET", subject: str = "hello", sender: str = "bob") -> Path:
+        from courier import mailbox
+
+        return mailbox.drop_message(self.mail, handle, sender=sender, subject=subject, body=body)
+
+
+@pytest.fixture
+def env(tmp_path) -> Env:
+    # Short paths: a Unix socket path must fit in 103 bytes.
+    import tempfile
+
+    root = Path(tempfile.mkdtemp(prefix="cr-", dir="/tmp"))
+    e = Env(
+        root=root,
+        home=root / "h",
+        mail=root / "m",
+        claude=root / "c",
+        runtime=root / "r",
+        state=root / "s",
+        socks=root / "r" / "cc-socks",
+    )
+    for d in (e.home, e.claude, root / "tmp"):
+        d.mkdir(parents=True)
+    e.runtime.mkdir(mode=0o700)
+    e.socks.mkdir(mode=0o700)
+    e.mail.mkdir(mode=0o700)
+    yield e
+    import shutil
+
+    shutil.rmtree(root, ignore_errors=True)
+
+
+@dataclass
+class FakeSession:
+    proc: subprocess.Popen
+    session_id: str
+    out: Path
+    registry: Path
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    @property
+    def socket(self) -> str:
+        rec = json.loads((self.registry / f"{self.pid}.json").read_text())
+        return rec["messagingSocketPath"]
+
+    def lines(self) -> list[dict]:
+        if not self.out.exists():
+            return []
+        return [json.loads(l)["line"] for l in self.out.read_text().splitlines() if l.strip()]
+
+    def kill(self, sig=signal.SIGKILL) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            self.proc.wait(5)
+
+
+@pytest.fixture
+def fake_session(env):
+    started: list[FakeSession] = []
+
+    def start(session_id: str = "sess-1", behaviour: str = "accept", receipt: str | None = None, **kw) -> FakeSession:
+        out = env.root / f"lines-{session_id}-{len(started)}.jsonl"
+        args = [
+            sys.executable,
+            str(FAKE),
+            "--socket-dir",
+            str(kw.get("socket_dir", env.socks)),
+            "--registry",
+            str(env.registry),
+            "--session-id",
+            session_id,
+            "--out",
+            str(out),
+            "--behaviour",
+            behaviour,
+        ]
+        if receipt:
+            args += ["--receipt", receipt]
+        if kw.get("reply"):
+            args.append("--reply")
+        if kw.get("status"):
+            args += ["--status", kw["status"]]
+        proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env.vars(), text=True)
+        line = proc.stdout.readline()
+        assert line.strip() == "ready", proc.stderr.read()
+        fs = FakeSession(proc, session_id, out, env.registry)
+        started.append(fs)
+        return fs
+
+    yield start
+    for fs in started:
+        fs.kill()
+
+
+class Daemon:
+    def __init__(self, proc: subprocess.Popen, log_path: Path):
+        self.proc = proc
+        self.log_path = log_path
+
+    def events(self, event: str | None = None, **match) -> list[dict]:
+        out = []
+        try:
+            text = self.log_path.read_text()
+        except FileNotFoundError:
+            return out
+        for line in text.splitlines():
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue
+            if event and rec.get("event") != event:
+                continue
+            if all(rec.get(k) == v for k, v in match.items()):
+                out.append(rec)
+        return out
+
+    def wait_event(self, event: str, timeout: float = 5.0, count: int = 1, **match) -> list[dict]:
+        def check():
+            if self.proc.poll() is not None:
+                raise AssertionError(f"daemon exited ({self.proc.returncode}):\n{self.log_path.read_text()}")
+            found = self.events(event, **match)
+            return found if len(found) >= count else None
+
+        return wait_for(check, timeout, what=f"{count}x {event} {match}")
+
+    def stop(self, sig=signal.SIGTERM, timeout: float = 5.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+                raise AssertionError("daemon did not stop in time")
+        return self.proc.returncode
+
+
+@pytest.fixture
+def daemon(env):
+    running: list[Daemon] = []
+
+    def start(*extra: str, wait_ready: bool = True, env_extra: dict | None = None) -> Daemon:
+        log_path = env.root / f"daemon-{len(running)}.log"
+        vars_ = env.vars()
+        vars_.update(env_extra or {})
+        fh = open(log_path, "w")
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "courier", "run", "--rescan-interval", "30s", *extra],
+            stdout=fh,
+            stderr=fh,
+            env=vars_,
+        )
+        d = Daemon(proc, log_path)
+        running.append(d)
+        if wait_ready:
+            d.wait_event("daemon_ready", timeout=10)
+        return d
+
+    yield start
+    for d in running:
+        if d.proc.poll() is None:
+            d.proc.kill()
+            d.proc.wait()
+
+
+def snapshot(box: Path) -> dict:
+    """Every file under a box with its bytes: 'byte-for-byte unchanged' is compared on this."""
+    out = {}
+    for p in sorted(box.rglob("*")):
+        if p.is_file() and not p.is_symlink():
+            out[str(p.relative_to(box))] = p.read_bytes()
+    return out
