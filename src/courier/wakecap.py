@@ -51,21 +51,22 @@ def level_at(level: Level, now: float, half_life: float) -> float:
     return level.value * math.pow(0.5, elapsed / half_life)
 
 
+# A poke fits when the level has decayed to cap - 1 (within TOLERANCE). With cap 1
+# that means "decayed to nearly nothing": ten half-lives.
+TOLERANCE = 1e-3
+
+
 def allowed(level: Level, now: float, cap: int, half_life: float) -> bool:
-    # A tiny epsilon so that "decayed to exactly cap-1" is not lost to float rounding.
-    return level_at(level, now, half_life) + 1.0 <= cap + 1e-9
+    return level_at(level, now, half_life) <= cap - 1.0 + TOLERANCE
 
 
 def allowed_at(level: Level, now: float, cap: int, half_life: float) -> float:
     """The earliest time >= now at which one more poke fits under the cap."""
     current = level_at(level, now, half_life)
-    if current + 1.0 <= cap + 1e-9:
+    threshold = cap - 1.0 + TOLERANCE
+    if current <= threshold:
         return now
-    if cap <= 1:
-        # The level must decay to 0 before a poke fits: it never does exactly; use
-        # the point where it is below 1e-3 (ten half-lives), a fair meaning of "quiet".
-        return now + half_life * math.log2(current / 1e-3)
-    return now + half_life * math.log2(current / (cap - 1.0))
+    return now + half_life * math.log2(current / threshold)
 
 
 def after_poke(level: Level, now: float, half_life: float) -> Level:

@@ -1,0 +1,94 @@
+"""The wake cap's arithmetic with plain numbers (no clock), and its persistence."""
+
+import json
+import math
+
+from hypothesis import given, settings, strategies as st
+
+from courier import wakecap
+from courier.wakecap import Level
+
+
+def test_three_quick_pokes_then_capped():
+    lvl, now = wakecap.ZERO, 1000.0
+    for _ in range(3):
+        assert wakecap.allowed(lvl, now, 3, 600)
+        lvl = wakecap.after_poke(lvl, now, 600)
+    assert not wakecap.allowed(lvl, now, 3, 600)
+    when = wakecap.allowed_at(lvl, now, 3, 600)
+    # 3 must decay to 2 (within the tolerance): about 600 * log2(3/2) seconds.
+    assert math.isclose(when - now, 600 * math.log2(3 / (2 + wakecap.TOLERANCE)), rel_tol=1e-9)
+    assert wakecap.allowed(lvl, when + 1e-6, 3, 600)
+    assert not wakecap.allowed(lvl, when - 1, 3, 600)
+    assert 345 < when - now < 352
+
+
+def test_half_life():
+    assert math.isclose(wakecap.level_at(Level(4.0, 0.0), 600.0, 600.0), 2.0)
+    assert wakecap.level_at(Level(4.0, 10.0), 5.0, 600.0) == 4.0  # clock going backwards never raises it
+
+
+@given(
+    levels=st.floats(0, 50, allow_nan=False),
+    cap=st.integers(1, 20),
+    half=st.floats(1, 1e5, allow_nan=False),
+    dt=st.floats(0, 1e6, allow_nan=False),
+)
+def test_allowed_at_is_exact_and_monotone(levels, cap, half, dt):
+    lvl = Level(levels, 0.0)
+    when = wakecap.allowed_at(lvl, dt, cap, half)
+    assert when >= dt
+    assert wakecap.allowed(lvl, when * (1 + 1e-9) + 1e-9, cap, half)
+    assert wakecap.level_at(lvl, dt + 1, half) <= wakecap.level_at(lvl, dt, half)
+
+
+@given(st.lists(st.floats(0, 7200, allow_nan=False), max_size=200), st.integers(1, 6))
+@settings(max_examples=300)
+def test_level_never_exceeds_cap_whatever_the_poke_times(times, cap):
+    """Whatever a ping-pong tries, pokes that pass the cap never lift the level above it."""
+    lvl = wakecap.ZERO
+    for t in sorted(times):
+        if wakecap.allowed(lvl, t, cap, 600):
+            lvl = wakecap.after_poke(lvl, t, 600)
+            assert lvl.value <= cap + wakecap.TOLERANCE
+
+
+def test_operator_turn_resets(tmp_path):
+    lvl = Level(3.0, 100.0)
+    assert wakecap.apply_operator_turn(lvl, None) is lvl
+    assert wakecap.apply_operator_turn(lvl, 50.0) is lvl  # older turn: no reset
+    assert wakecap.apply_operator_turn(lvl, 150.0).value == 0.0
+    wakecap.record_operator_turn(tmp_path, "alice-1", now=123.0)
+    assert wakecap.operator_turn_at(tmp_path, "alice-1") == 123.0
+    assert wakecap.operator_turn_at(tmp_path, "nobody-1") is None
+
+
+def test_persistence_round_trip_and_missing_file(tmp_path):
+    table, problem = wakecap.load(tmp_path, 3, 10.0)
+    assert problem is None and table.get("a-1").value == 0
+    table.levels["a-1"] = Level(2.5, 9.0)
+    table.last_ring["a-1"] = 9.0
+    table.ring = 41
+    wakecap.save(tmp_path, table)
+    again, problem = wakecap.load(tmp_path, 3, 10.0)
+    assert problem is None
+    assert again.get("a-1") == Level(2.5, 9.0) and again.ring == 41 and again.last_ring["a-1"] == 9.0
+    assert oct((tmp_path / "wakecap.json").stat().st_mode & 0o777) == "0o600"
+
+
+def test_corrupt_state_is_conservative(tmp_path):
+    """A corrupt state file: every recipient starts at the cap, decaying from now (a crash loop cannot reset the brake)."""
+    for content in (b"{not json", b"[]", json.dumps({"version": 1, "boxes": {"../x": {}}}).encode(), b"\xff\xfe"):
+        (tmp_path / "wakecap.json").write_bytes(content)
+        table, problem = wakecap.load(tmp_path, 3, 500.0)
+        assert problem
+        assert table.get("anyone-1") == Level(3.0, 500.0)
+        assert not wakecap.allowed(table.get("anyone-1"), 500.0, 3, 600)
+
+
+def test_is_doorbell():
+    from courier import doorbell
+
+    assert wakecap.is_doorbell(doorbell.text(1, 2, "/m/x"))
+    assert not wakecap.is_doorbell("please fix the bug")
+    assert not wakecap.is_doorbell(None)
