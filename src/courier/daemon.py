@@ -270,7 +270,8 @@ class Daemon:
     def loop_healthy(self) -> bool:
         # The dispatcher stamps progress each pass and at least every rescan interval;
         # it is also stamped while idle-waiting (see _dispatch_loop).
-        return trio.current_time() - self.last_loop_progress < max(2 * self.notifier.watchdog_interval, 1.0)
+        # Progress within one full watchdog period (WATCHDOG_USEC = 2 x the pet interval).
+        return trio.current_time() - self.last_loop_progress < 2 * self.notifier.watchdog_interval
 
     def status_snapshot(self) -> dict:
         """What `courier status` shows beside what it can read from disk itself."""
