@@ -109,6 +109,7 @@ class Daemon:
         self.sid_index: dict[str, list[int]] = {}
         self.table = wakecap.Table({}, {})
         self._state_dirty = False
+        self._state_event = trio.Event()
         self._state_saved_at = -math.inf
         self.stop_thread_event = threading.Event()
         self._rescan_tick = trio.Event()
@@ -161,7 +162,7 @@ class Daemon:
                 decision="every recipient starts at the cap, decaying from now",
                 wake_cap=self.cfg.wake_cap,
             )
-            self._state_dirty = True
+            self.mark_state_dirty()
 
     def save_state(self, force: bool = False) -> None:
         if not self._state_dirty:
@@ -182,9 +183,16 @@ class Daemon:
         self._state_dirty = False
         self._state_saved_at = mono
 
+    def mark_state_dirty(self) -> None:
+        self._state_dirty = True
+        self._state_event.set()
+
     async def _state_flusher(self) -> None:
+        """Write state when it changed, at most once a second: event-driven, no idle timer."""
         while True:
-            await trio.sleep(1.0)
+            await self._state_event.wait()
+            self._state_event = trio.Event()
+            await trio.sleep(max(0.0, self._state_saved_at + 1.0 - time.monotonic()))
             self.save_state()
 
     # ------------------------------------------------------------ lifetimes
@@ -567,7 +575,7 @@ class Daemon:
                 box.batch = frozenset()
                 box.rerung = False
                 box.last_note = None
-                self._state_dirty = True
+                self.mark_state_dirty()
                 self.timers.pop(handle, None)
                 if self.receipts is not None:
                     self.receipts.rearmed(handle)
@@ -586,7 +594,7 @@ class Daemon:
         target = await self._resolve(handle, box)
         if isinstance(target, Unreachable):
             box.last_reason = target.reason
-            self._state_dirty = True
+            self.mark_state_dirty()
             self.stats["fallbacks"] += 1
             if self._note(box, ("unreachable", target.reason, box.queued)):
                 log.info(
@@ -646,7 +654,7 @@ class Daemon:
         turned = wakecap.apply_operator_turn(level, wakecap.operator_turn_at(self.cfg.state_dir, handle))
         if turned is not level:
             self.table.levels[handle] = turned
-            self._state_dirty = True
+            self.mark_state_dirty()
         return turned
 
     async def _resolve(self, handle: str, box: Box) -> Target | Unreachable:
@@ -694,7 +702,7 @@ class Daemon:
             async with self._limiter:
                 self.table.ring += 1
                 ring = self.table.ring
-                self._state_dirty = True
+                self.mark_state_dirty()
                 msg_id = doorbell.new_msg_id()
                 from_addr = self.receipts.address_for(target.socket_path) if self.receipts else None
                 line = doorbell.compose(
@@ -714,7 +722,7 @@ class Daemon:
                 level = wakecap.after_poke(self._current_level(handle), now, half)
                 self.table.levels[handle] = level
                 self.table.last_ring[handle] = now
-                self._state_dirty = True
+                self.mark_state_dirty()
                 self.stats["pokes"] += 1
                 box.outstanding_since = trio.current_time()
                 box.batch = frozenset(names)
@@ -734,7 +742,7 @@ class Daemon:
                 )
             else:
                 self.stats["fallbacks"] += 1
-                self._state_dirty = True
+                self.mark_state_dirty()
                 box.last_reason = result.reason
                 box.last_note = ("failed", result.reason, box.queued)
                 log.info(

@@ -62,7 +62,7 @@ class Receipts:
         self.warned_held: set[tuple[str, int]] = set()
         self.retried: set[str] = set()  # boxes whose dropped doorbell was already retried once
         self._nursery: trio.Nursery | None = None
-        self._conn_limit = trio.CapacityLimiter(MAX_CONNECTIONS)
+        self._open_conns = 0
 
     # ------------------------------------------------------------ lifetime
 
@@ -149,11 +149,10 @@ class Receipts:
             except OSError as exc:
                 self.log.warning("receipt_listener_failed", path=path, errno=exc.errno)
                 return
-            try:
-                self._conn_limit.acquire_nowait()
-            except trio.WouldBlock:
+            if self._open_conns >= MAX_CONNECTIONS:
                 conn.close()  # a flood cannot stall the daemon: excess connections are dropped
                 continue
+            self._open_conns += 1
             self._nursery.start_soon(self._handle_conn, conn)
 
     async def _handle_conn(self, conn) -> None:
@@ -182,7 +181,7 @@ class Receipts:
                 self._on_line(buf, pid)
         finally:
             conn.close()
-            self._conn_limit.release()
+            self._open_conns -= 1
 
     def _on_line(self, line: bytes, peer_pid: int | None) -> None:
         if not line.strip():
@@ -274,7 +273,7 @@ class Receipts:
                 self.daemon.schedule(p.handle, now + self.daemon.cfg.session_min_interval_s)
         if box is not None:
             box.last_receipt = {"status": status, "reason": drop or (reason or "")[:120], "at": time.time(), "hint": hint}
-            self.daemon._state_dirty = True
+            self.daemon.mark_state_dirty()
 
     def rearmed(self, handle: str) -> None:
         self.retried.discard(handle)
