@@ -151,6 +151,8 @@ def fake_session(env):
             args += ["--receipt", receipt]
         if kw.get("reply"):
             args.append("--reply")
+        if kw.get("pingpong"):
+            args += ["--pingpong", *kw["pingpong"]]
         if kw.get("status"):
             args += ["--status", kw["status"]]
         proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env.vars(), text=True)

@@ -69,6 +69,8 @@ def main() -> int:
     ap.add_argument("--receipt", default=None)
     ap.add_argument("--status", default="idle")
     ap.add_argument("--reply", action="store_true", help="also send a user line to the poke's from address")
+    ap.add_argument("--pingpong", nargs=3, metavar=("MAIL_ROOT", "SELF", "PEER"),
+                    help="on every line: deliver own box into read/ (as the hook would), then mail PEER")
     args = ap.parse_args()
 
     pid = os.getpid()
@@ -139,8 +141,21 @@ def main() -> int:
             out.write(json.dumps({"at": time.time(), "line": line}) + "\n")
             if args.receipt:
                 threading.Thread(target=send_receipt, args=(line, args.receipt), daemon=True).start()
+            if args.pingpong:
+                _pingpong(*args.pingpong)
             if args.reply and isinstance(line, dict) and line.get("from"):
                 threading.Thread(target=_reply, args=(line,), daemon=True).start()
+
+
+def _pingpong(root: str, me: str, peer: str) -> None:
+    from pathlib import Path
+
+    from courier import mailbox
+
+    box = Path(root) / me
+    for name in mailbox.list_box(box).queued:
+        mailbox.consume(box, name)
+    mailbox.drop_message(Path(root), peer, sender=me, subject="re", body="pong")
 
 
 def _reply(line: dict) -> None:

@@ -636,7 +636,7 @@ class Daemon:
             if self._note(box, ("capped", box.queued)):
                 log.info(
                     "wake_capped",
-                    level=round(wakecap.level_at(level, now, half), 3),
+                    wake_level=round(wakecap.level_at(level, now, half), 3),
                     cap=cap,
                     queued=box.queued,
                     allowed_at=_iso(when),
@@ -736,7 +736,7 @@ class Daemon:
                     ring=ring,
                     queued=len(names),
                     latency_ms=round(result.latency_ms, 3),
-                    level=round(level.value, 3),
+                    wake_level=round(level.value, 3),
                     note=result.reason,
                     msg_id=msg_id,
                 )
