@@ -187,6 +187,9 @@ def spawn_settings(state_dir: Path, merge: Path | None = None, with_hooks: bool 
 
 def cmd_spawn_settings(args) -> int:
     state = cfgmod.state_dir(os.environ, args.state_dir)
+    if args.merge and not Path(args.merge).is_file():
+        print(f"courier: {args.merge} does not exist", file=sys.stderr)
+        return 1
     try:
         path = spawn_settings(state, Path(args.merge) if args.merge else None, args.with_hooks)
     except (ValueError, OSError) as exc:
@@ -221,15 +224,24 @@ def cmd_exec(args) -> int:
     if theirs is not None and theirs.lstrip().startswith("{"):
         print("courier: exec cannot merge inline JSON --settings; pass a file", file=sys.stderr)
         return 2
+    if theirs is not None and not Path(theirs).is_file():
+        print(f"courier: --settings file {theirs} does not exist", file=sys.stderr)
+        return 2
     state = cfgmod.state_dir(os.environ, args.state_dir)
-    path = spawn_settings(state, Path(theirs) if theirs else None, args.with_hooks)
+    try:
+        path = spawn_settings(state, Path(theirs) if theirs else None, args.with_hooks)
+    except (ValueError, OSError) as exc:
+        print(f"courier: cannot merge {theirs}: {exc}", file=sys.stderr)
+        return 2
     env = dict(os.environ)
     if args.handle:
         if not mailbox.valid_handle(mailbox.slug(args.handle)) or mailbox.slug(args.handle) in mailbox.RESERVED_HANDLES:
             print(f"courier: {args.handle!r} cannot be a handle", file=sys.stderr)
             return 2
         env["HELM_MAIL_HANDLE"] = args.handle
-    final = [rest[0], "--settings", str(path)] + rest[1:]
+    # Appended (before any `--`), so it is the last --settings, the only one Claude Code honours.
+    cut = rest.index("--") if "--" in rest else len(rest)
+    final = rest[:cut] + ["--settings", str(path)] + rest[cut:]
     try:
         os.execvpe(final[0], final, env)
     except OSError as exc:

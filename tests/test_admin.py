@@ -1,0 +1,213 @@
+"""Operator and integration commands: hooks install, spawn settings, exec, service files, status, doctor, log."""
+
+from __future__ import annotations
+
+import json
+import os
+import plistlib
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from courier import admin
+from conftest import wait_for
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def courier(env, *args, input=None, extra=None):
+    e = env.vars()
+    e.update(extra or {})
+    return subprocess.run([sys.executable, "-m", "courier", *args], env=e, capture_output=True, text=True,
+                          input=input, timeout=60)
+
+
+def test_hooks_install_is_idempotent_preserves_keys_and_backs_up(env):
+    settings = env.claude / "settings.json"
+    original = {"model": "x", "hooks": {"UserPromptSubmit": [{"hooks": [{"type": "command", "command": "other-tool"}]}]},
+                "permissions": {"allow": ["Bash(ls)"]}}
+    settings.write_text(json.dumps(original))
+    p = courier(env, "hooks", "install")
+    assert p.returncode == 0, p.stderr
+    data = json.loads(settings.read_text())
+    assert data["model"] == "x" and data["permissions"] == original["permissions"]
+    ups = data["hooks"]["UserPromptSubmit"]
+    assert ups[0]["hooks"][0]["command"] == "other-tool"
+    assert ups[1]["hooks"][0]["command"].endswith(" hook deliver")
+    assert data["hooks"]["SessionStart"][0]["hooks"][0]["command"].endswith(" hook claim")
+    backups = list(env.claude.glob("settings.json.bak-*"))
+    assert len(backups) == 1 and json.loads(backups[0].read_text()) == original
+    again = courier(env, "hooks", "install")
+    assert "unchanged" in again.stdout
+    assert json.loads(settings.read_text()) == data
+    courier(env, "hooks", "uninstall")
+    assert json.loads(settings.read_text()) == original
+
+
+def test_hooks_install_dry_run_and_broken_settings(env):
+    settings = env.claude / "settings.json"
+    p = courier(env, "hooks", "install", "--dry-run")
+    assert p.returncode == 0 and "would write" in p.stdout and not settings.exists()
+    settings.write_text("{broken")
+    p = courier(env, "hooks", "install")
+    assert p.returncode == 1 and "nothing was changed" in p.stderr
+    assert settings.read_text() == "{broken"
+
+
+def test_installed_hook_command_runs(env):
+    courier(env, "hooks", "install")
+    cmd = json.loads((env.claude / "settings.json").read_text())["hooks"]["SessionStart"][0]["hooks"][0]["command"]
+    p = subprocess.run(cmd, shell=True, input=json.dumps({"session_id": "s-inst-1", "cwd": "/x/inst"}), text=True,
+                       env=env.vars(), capture_output=True)
+    assert p.returncode == 0
+    assert (env.mail / "inst-st-1" / "owner.json").exists() or any(env.mail.iterdir())
+
+
+def test_spawn_settings_plain_and_merged(env):
+    p = courier(env, "spawn-settings")
+    path = Path(p.stdout.strip())
+    assert json.loads(path.read_text()) == {"crossSessionInbound": "accept"}
+    theirs = env.root / "theirs.json"
+    mine = {"model": "m", "hooks": {"Stop": [{"hooks": [{"type": "command", "command": "x"}]}]}, "crossSessionInbound": "hold"}
+    theirs.write_text(json.dumps(mine))
+    merged = Path(courier(env, "spawn-settings", "--merge", str(theirs)).stdout.strip())
+    data = json.loads(merged.read_text())
+    assert data["crossSessionInbound"] == "accept" and data["model"] == "m" and data["hooks"]["Stop"]
+    assert json.loads(theirs.read_text()) == mine, "theirs untouched on disk"
+    with_hooks = Path(courier(env, "spawn-settings", "--with-hooks").stdout.strip())
+    assert "UserPromptSubmit" in json.loads(with_hooks.read_text())["hooks"]
+
+
+def test_exec_merges_settings_and_pins_handle(env):
+    theirs = env.root / "t.json"
+    theirs.write_text(json.dumps({"model": "z"}))
+    script = env.root / "show.py"
+    script.write_text("import json,os,sys; a=sys.argv; i=a.index('--settings'); print(json.dumps({'argv': a[1:], 'settings': json.load(open(a[i+1])), 'handle': os.environ.get('HELM_MAIL_HANDLE')}))")
+    p = courier(env, "exec", "--handle", "worker-1", "--", sys.executable, str(script), "--settings", str(theirs), "-p", "hi")
+    out = json.loads(p.stdout)
+    assert out["handle"] == "worker-1"
+    assert out["settings"] == {"model": "z", "crossSessionInbound": "accept"}
+    assert out["argv"].count("--settings") == 1 and out["argv"][:2] == ["-p", "hi"]
+    assert out["argv"][-2] == "--settings"  # last, the only one Claude Code honours
+
+
+def test_systemd_unit_verifies_and_matches_template(tmp_path):
+    unit = (REPO / "systemd" / "courier.service").read_text()
+    packaged = (REPO / "src" / "courier" / "data" / "courier.service").read_text()
+    body = lambda t: [l for l in t.splitlines() if l and not l.startswith("#")]
+    assert body(unit) == body(packaged.replace("@COURIER@", "%h/.local/bin/courier"))
+    for key in ("Type=notify", "NotifyAccess=main", "WatchdogSec=", "Restart=on-failure", "StartLimitBurst="):
+        assert key in unit
+    assert "PrivateTmp=" not in unit  # the sockets live under /tmp/cc-socks*
+    if shutil.which("systemd-analyze") is None:
+        pytest.skip("systemd-analyze is not installed")
+    rendered = tmp_path / "courier.service"
+    rendered.write_text(admin.systemd_unit([sys.executable, "-m", "courier"]))
+    rt = tmp_path / "rt"
+    rt.mkdir(mode=0o700)
+    p = subprocess.run(["systemd-analyze", "verify", "--user", str(rendered)], capture_output=True, text=True,
+                       env=dict(os.environ, XDG_RUNTIME_DIR=str(rt)))
+    assert p.returncode == 0, p.stderr
+    assert "courier.service" not in p.stderr, p.stderr
+
+
+def test_launchd_plist_round_trips():
+    raw = (REPO / "launchd" / "dev.courier.daemon.plist").read_bytes()
+    data = plistlib.loads(raw)
+    assert plistlib.loads(plistlib.dumps(data)) == data
+    assert data["RunAtLoad"] is True and data["KeepAlive"] == {"SuccessfulExit": False}
+    assert data["ProgramArguments"][-1] == "run" and data["ProcessType"] in ("Background", "Adaptive")
+    rendered = plistlib.loads(admin.launchd_plist(["/opt/courier"], Path("/Users/x")))
+    assert rendered["ProgramArguments"] == ["/opt/courier", "run"]
+
+
+def test_service_install_without_manager_prints_commands(env):
+    p = courier(env, "service", "install", "--dry-run", extra={"XDG_CONFIG_HOME": str(env.root / "cfg")})
+    assert p.returncode == 0
+    assert "systemctl --user enable --now courier.service" in p.stdout
+    assert not (env.root / "cfg").exists()
+
+
+def test_status_json_and_text(env, fake_session, daemon):
+    fs = fake_session("sess-st")
+    env.claim("st-0001", fs.pid, "sess-st")
+    env.claim("dead-0001", 4000002, "gone")
+    env.drop("dead-0001")
+    d = daemon()
+    env.drop("st-0001")
+    wait_for(fs.lines)
+    time.sleep(1.2)
+    data = json.loads(courier(env, "status", "--json").stdout)
+    rows = {r["handle"]: r for r in data["boxes"]}
+    assert data["daemon"]["running"] and data["daemon"]["pid"] == d.proc.pid
+    assert rows["st-0001"]["reachable"] and rows["st-0001"]["queued"] == 1 and rows["st-0001"]["outstanding"]
+    assert rows["st-0001"]["wake_level"] > 0.9 and rows["st-0001"]["last_ring"]
+    assert not rows["dead-0001"]["reachable"] and rows["dead-0001"]["reason"] == "no_record"
+    text = courier(env, "status").stdout
+    assert "st-0001" in text and "2 boxes, 2 with mail, 1 reachable" in text
+
+
+def test_status_is_fast_on_1000_boxes(env):
+    for i in range(1000):
+        env.claim(f"b-{i:04d}", 4000000 + i, f"s-{i}")
+    t = time.monotonic()
+    p = courier(env, "status", "--json")
+    elapsed = time.monotonic() - t
+    assert p.returncode == 0 and len(json.loads(p.stdout)["boxes"]) == 1000
+    print(f"status on 1000 boxes: {elapsed:.2f}s")
+
+
+def test_doctor_reports_problems_with_fixes(env, daemon):
+    os.chmod(env.mail, 0o777)
+    p = courier(env, "doctor", extra={"CLAUDE_CODE_HARBOR_KITE": "0"})
+    assert p.returncode == 1
+    assert "chmod 700" in p.stdout and "daemon not running" in p.stdout and "CLAUDE_CODE_HARBOR_KITE" in p.stdout
+    os.chmod(env.mail, 0o700)
+    courier(env, "hooks", "install")
+    daemon()
+    p = courier(env, "doctor")
+    assert p.returncode == 0, p.stdout
+    assert "daemon running" in p.stdout and "hooks installed" in p.stdout and "HOLD" in p.stdout
+
+
+def test_log_renders_and_filters(env):
+    lines = [
+        {"ts": "2026-11-30T08:00:00Z", "level": "info", "event": "poke_sent", "handle": "a-1", "ring": 3},
+        {"ts": "2026-11-30T08:00:01Z", "level": "info", "event": "session_unreachable", "handle": "b-1", "reason": "pid_dead"},
+    ]
+    raw = "\n".join(json.dumps(l) for l in lines) + "\nnot json\n"
+    out = courier(env, "log", "--handle", "b-1", input=raw).stdout
+    assert "session_unreachable" in out and "pid_dead" in out and "a-1" not in out
+
+
+def test_sighup_rescans_and_keeps_state(env, fake_session, daemon):
+    fs = fake_session("sess-hup")
+    env.claim("hup-0001", fs.pid, "sess-hup")
+    d = daemon()
+    env.drop("hup-0001")
+    wait_for(fs.lines)
+    d.proc.send_signal(signal.SIGHUP)
+    d.wait_event("reload_requested")
+    time.sleep(0.5)
+    assert d.proc.poll() is None and len(fs.lines()) == 1, "a reload must not re-ring an outstanding box"
+
+
+def test_send_refuses_bad_handles_and_unknown_boxes(env):
+    assert courier(env, "send", "../etc", "--body", "x").returncode == 2
+    p = courier(env, "send", "nobody-1", "--body", "x")
+    assert p.returncode == 1 and "--create" in p.stderr
+    p = courier(env, "send", "nobody-1", "--body", "x", "--create")
+    assert p.returncode == 0 and Path(p.stdout.strip()).exists()
+    big = "x" * (2 << 20)
+    p = courier(env, "send", "nobody-1", input=big)
+    assert p.returncode == 1 and "larger" in p.stderr
+    env.claim("ret-0001", 1, "s", retiredAt=5)
+    p = courier(env, "send", "ret-0001", "--body", "x")
+    assert p.returncode == 0 and "retired" in p.stderr
+    msg = json.loads(Path(p.stdout.strip()).read_text())
+    assert set(msg) == {"id", "from", "to", "subject", "body", "sentAt"}
