@@ -245,3 +245,52 @@ def snapshot(box: Path) -> dict:
         if p.is_file() and not p.is_symlink():
             out[str(p.relative_to(box))] = p.read_bytes()
     return out
+
+
+class Fleet:
+    def __init__(self, proc, pids, out: Path, prefix: str):
+        self.proc, self.pids, self.out, self.prefix = proc, pids, out, prefix
+
+    def session_of(self, i: int) -> tuple[int, str]:
+        return self.pids[i % len(self.pids)], f"{self.prefix}-{i % len(self.pids)}"
+
+    def rings(self) -> list[dict]:
+        """Every line received by any session: {"at", "box", "line"}."""
+        import re
+
+        out = []
+        for f in self.out.glob("*.jsonl"):
+            for raw in f.read_text().splitlines():
+                try:
+                    rec = json.loads(raw)
+                except ValueError:
+                    continue  # a line being written right now
+                m = re.search(r"mailbox (\S+)/ \.", rec["line"]["message"]["content"])
+                out.append({"at": rec["at"], "box": Path(m.group(1)).name if m else None, "line": rec["line"]})
+        return out
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            self.proc.wait(10)
+
+
+@pytest.fixture
+def fleet(env):
+    started = []
+
+    def start(n: int, prefix: str = "fleet") -> Fleet:
+        out = env.root / f"fleet-{len(started)}"
+        proc = subprocess.Popen(
+            [sys.executable, str(HERE / "fleet.py"), "--sessions", str(n), "--socket-dir", str(env.socks),
+             "--registry", str(env.registry), "--out", str(out), "--prefix", prefix],
+            stdout=subprocess.PIPE, env=env.vars(), text=True,
+        )
+        info = json.loads(proc.stdout.readline())
+        f = Fleet(proc, info["pids"], out, prefix)
+        started.append(f)
+        return f
+
+    yield start
+    for f in started:
+        f.stop()
