@@ -147,7 +147,7 @@ def test_failure_is_a_logged_fallback_and_mail_is_untouched(env, fake_session, d
     elif setup == "torn_record":
         rec_path.write_text(json.dumps(rec)[:40])
     elif setup == "huge_record":
-        rec["padding"] = "x" * (300 * 1024)
+        rec["padding"] = "x" * (10 * 1024 * 1024)  # a 10 MB record
         rec_path.write_text(json.dumps(rec))
     box = env.claim(handle, fs.pid, owner_sid, runtime="pi" if setup == "pi" else "claude", **owner_extra)
     if setup == "owner_malformed":

@@ -200,6 +200,10 @@ class Daemon:
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         cfg = self.cfg
         prepare_mail_root(cfg.mail_root)
+        try:
+            os.makedirs(cfg.state_dir, mode=0o700, exist_ok=True)
+        except OSError as exc:
+            raise StartupError(f"cannot use state dir {cfg.state_dir}: {exc.strerror}", EXIT_ENVIRONMENT) from None
         self.load_state()
         self.log.info(
             "daemon_starting",
