@@ -307,3 +307,13 @@ def test_fifo_and_symlink_messages_do_not_block_or_count(env, fake_session, daem
 
 def _env(env):
     return env.vars()
+
+
+def test_registry_dir_created_after_start(env, fake_session, daemon):
+    """No sessions/ dir at start: the rescan notices it appear, watches it, and rings the waiting box."""
+    d = daemon("--rescan-interval", "1s")
+    env.claim("nr-0001", 4000003, "sess-nr")
+    env.drop("nr-0001")
+    d.wait_event("session_unreachable", handle="nr-0001")
+    fs = fake_session("sess-nr")  # creates sessions/
+    wait_for(lambda: len(fs.lines()) == 1, timeout=5, what="ring once the registry appeared")

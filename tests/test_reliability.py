@@ -95,7 +95,7 @@ async def test_lost_watcher_events_are_caught_by_the_rescan(tmp_path, monkeypatc
                         rescan_interval_s=1.0).validated()
     log.configure("json", "error")
     d = dmod.Daemon(cfg, log.get())
-    d._on_mail_changes = lambda changes: False  # the kernel dropped every event
+    d._on_changes = lambda changes: False  # the kernel dropped every event
     async with trio.open_nursery() as n:
         await n.start(d.run)
         t0 = time.monotonic()

@@ -91,8 +91,8 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument(
         "--min-poke-interval", type=_duration, metavar="DUR", help="at most one poke per session per (default 2s)"
     )
-    k.add_argument("--debounce-ms", type=_positive_int, help="watcher debounce (default 10)")
-    k.add_argument("--step-ms", type=_positive_int, help="watcher step (default 5)")
+    k.add_argument("--debounce-ms", type=_positive_int, help="watcher debounce (default 20)")
+    k.add_argument("--step-ms", type=_positive_int, help="watcher step: latency ~1.5x, idle wakeups 1000/step per second (default 10)")
     k.add_argument("--log-format", choices=["json", "console"], help="default json (console on a TTY)")
     k.add_argument("--log-level", choices=["debug", "info", "warning", "error"], default="info")
     k.add_argument("--no-receipts", action="store_true", help="do not listen for Claude Code's delivery receipts")

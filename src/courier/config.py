@@ -71,10 +71,12 @@ class Config:
     mail_root: Path
     claude_config_dir: Path
     state_dir: Path
-    # A drop must be noticed within ~10 ms; watchfiles' 1600 ms default would make
-    # every doorbell late (DESIGN §7).
-    debounce_ms: int = 10
-    step_ms: int = 5
+    # watchfiles' 1600 ms default debounce would make every doorbell late (DESIGN §7).
+    # Its watch loop also wakes every step_ms while idle: latency ~1.5 x step, idle CPU
+    # ~3 %/step_ms of a core (measured, research/performance.md). 10 ms notices a drop
+    # in ~15 ms for ~0.5 % idle CPU; --step-ms 50 halves nothing but the wakeups.
+    debounce_ms: int = 20
+    step_ms: int = 10
     rescan_interval_s: float = 60.0
     poke_timeout_s: float = 2.0
     # An outstanding doorbell older than this, with mail still queued, may ring once more.

@@ -115,6 +115,7 @@ class Daemon:
         self._rescan_tick = trio.Event()
         self._restart_watch: trio.CancelScope | None = None
         self.root_identity: tuple[int, int] | None = None
+        self.watching_registry = False
         self.stats = {"pokes": 0, "fallbacks": 0, "capped": 0}
         self.ready = False
         self.stopping = False
@@ -227,8 +228,7 @@ class Daemon:
                     self._poke_nursery = pokes
                     async with trio.open_nursery() as main:
                         self._main_scope = main.cancel_scope
-                        await main.start(self._watch_mailbox)
-                        await main.start(self._watch_registry)
+                        await main.start(self._watch)
                         await self._initial_scan()
                         self.ready = True
                         self.notifier.ready(self.status_line())
@@ -319,21 +319,29 @@ class Daemon:
             notify.close()
         return result
 
-    async def _watch_mailbox(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        """Arm the watch (RustNotify's constructor starts it), then report started.
+    async def _watch(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """One watch over the mail root and the registry; armed (RustNotify's constructor starts it) before started().
 
-        RustNotify directly rather than `awatch`: awatch's thread waits out a 5 s rust
-        timeout on cancellation unless a stop event is set, and we want both the stop
-        event and the freedom to rebuild the watch when the root is replaced.
+        One RustNotify for both, because its watch loop wakes every `step_ms` even when
+        nothing happens (measured: research/performance.md), so a second watcher doubles
+        the idle cost. RustNotify directly rather than `awatch`: awatch's thread waits out
+        a 5 s rust timeout on cancellation unless a stop event is set, and we want both
+        the stop event and the freedom to rebuild the watch when the root is replaced or
+        the registry appears.
         """
-        root = self.cfg.mail_root
+        root, reg = self.cfg.mail_root, self.cfg.registry_dir
         started = False
         while True:
             stop = threading.Event()
+            self.sid_index = registry.session_index(reg)
+            paths = [str(root)]
+            self.watching_registry = os.path.isdir(reg)
+            if self.watching_registry:
+                paths.append(str(reg))
             try:
                 os.makedirs(root, mode=0o700, exist_ok=True)
                 st = os.stat(root)
-                notify = RustNotify([str(root)], False, False, 50, True, True)
+                notify = RustNotify(paths, False, False, 50, True, True)
                 self.root_identity = (st.st_dev, st.st_ino)
             except (OSError, RuntimeError) as exc:
                 self.log.error(
@@ -349,12 +357,15 @@ class Daemon:
                     task_status.started()
                 await self._rescan_tick.wait()
                 continue
+            if not self.watching_registry:
+                self.log.info("registry_watch_waiting", path=str(reg), reason="missing", retry="at each rescan")
             if not started:
                 started = True
                 task_status.started()
             else:
-                self.log.warning("watch_restarted", path=str(root))
+                self.log.info("watch_restarted", path=str(root), registry=self.watching_registry)
                 self._mark_all_dirty()
+                self._registry_changed(None)
             self._restart_watch = trio.CancelScope()
             try:
                 with self._restart_watch:
@@ -364,20 +375,27 @@ class Daemon:
                         )
                         if result == "stop":
                             return
-                        if isinstance(result, set):
-                            if self._on_mail_changes(result):
-                                break
+                        if isinstance(result, set) and self._on_changes(result):
+                            break
             finally:
                 stop.set()
 
-    def _on_mail_changes(self, changes) -> bool:
-        """Mark boxes dirty. True if the root itself went away (the watch must be rebuilt)."""
+    def _on_changes(self, changes) -> bool:
+        """Mark boxes dirty and note registry changes. True if the watch must be rebuilt."""
         root = str(self.cfg.mail_root)
         prefix = root.rstrip("/") + "/"
-        root_event = False
+        reg = str(self.cfg.registry_dir)
+        reg_prefix = reg.rstrip("/") + "/"
+        rebuild = False
+        pids: set[int] = set()
         for _kind, path in changes:
-            if path == root:
-                root_event = True
+            if path.startswith(reg_prefix):
+                pid = registry.pid_of_record_name(path[len(reg_prefix) :])
+                if pid is not None:
+                    pids.add(pid)
+                continue
+            if path == root or path == reg:
+                rebuild = True
                 continue
             if not path.startswith(prefix):
                 continue
@@ -390,53 +408,11 @@ class Daemon:
                 continue
             if mailbox.valid_handle(handle):
                 self.mark_dirty(handle)
-        if root_event and not os.path.isdir(root):
+        if pids:
+            self._registry_changed(pids)
+        if rebuild and (not os.path.isdir(root) or (self.watching_registry and not os.path.isdir(reg))):
             return True
         return False
-
-    async def _watch_registry(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        """Watch sessions/ so a session that appears or changes re-evaluates its waiting boxes."""
-        reg = self.cfg.registry_dir
-        self.sid_index = registry.session_index(reg)
-        started = False
-        while True:
-            stop = threading.Event()
-            try:
-                notify = RustNotify([str(reg)], False, False, 50, False, True)
-            except (OSError, RuntimeError) as exc:
-                if not started:
-                    self.log.info(
-                        "registry_watch_waiting",
-                        path=str(reg),
-                        reason="missing" if isinstance(exc, FileNotFoundError) else type(exc).__name__,
-                    )
-                    started = True
-                    task_status.started()
-                await self._rescan_tick.wait()
-                continue
-            if not started:
-                started = True
-                task_status.started()
-            else:
-                self.sid_index = registry.session_index(reg)
-                self._registry_changed(None)
-            try:
-                while True:
-                    result = await trio.to_thread.run_sync(self._watch_once, notify, stop, abandon_on_cancel=True)
-                    if result == "stop":
-                        return
-                    if isinstance(result, set):
-                        pids = set()
-                        for _kind, path in result:
-                            pid = registry.pid_of_record_name(os.path.basename(path))
-                            if pid is not None:
-                                pids.add(pid)
-                        if not os.path.isdir(reg):
-                            break
-                        if pids:
-                            self._registry_changed(pids)
-            finally:
-                stop.set()
 
     def _registry_changed(self, pids: set[int] | None) -> None:
         """Refresh the session index for these pids and re-evaluate the boxes they may own."""
@@ -501,7 +477,8 @@ class Daemon:
                 identity = (st.st_dev, st.st_ino)
             except OSError:
                 identity = None
-            if identity != self.root_identity and self._restart_watch is not None:
+            registry_appeared = not self.watching_registry and os.path.isdir(self.cfg.registry_dir)
+            if (identity != self.root_identity or registry_appeared) and self._restart_watch is not None:
                 self._restart_watch.cancel()
             self.sid_index = registry.session_index(self.cfg.registry_dir)
             count = self._mark_all_dirty()
