@@ -73,8 +73,8 @@ class Config:
     state_dir: Path
     # watchfiles' 1600 ms default debounce would make every doorbell late (DESIGN §7).
     # Its watch loop also wakes every step_ms while idle: latency ~1.5 x step, idle CPU
-    # ~3 %/step_ms of a core (measured, research/performance.md). 10 ms notices a drop
-    # in ~15 ms for ~0.5 % idle CPU; --step-ms 50 halves nothing but the wakeups.
+    # ~3 %/step_ms of a core (measured, research/decisions.md). 10 ms notices a drop
+    # in ~15 ms for ~0.5 % idle CPU; --step-ms 50 gives 0.1 % idle for ~85 ms.
     debounce_ms: int = 20
     step_ms: int = 10
     rescan_interval_s: float = 60.0
