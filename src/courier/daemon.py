@@ -34,7 +34,7 @@ from watchfiles._rust_notify import RustNotify
 
 from . import doorbell, lockfile, mailbox, registry, wakecap
 from .config import Config
-from .resolve import Target, Unreachable, resolve
+from .resolve import Target, Unreachable, resolve_box
 from .sdnotify import Notifier
 
 STATUS_FILE = "status.json"
@@ -572,7 +572,7 @@ class Daemon:
         if not box.queued or box.in_flight:
             return
 
-        target = await self._resolve(handle, box)
+        target = self._resolve(handle, box)
         if isinstance(target, Unreachable):
             box.last_reason = target.reason
             self.mark_state_dirty()
@@ -638,45 +638,11 @@ class Daemon:
             self.mark_state_dirty()
         return turned
 
-    async def _resolve(self, handle: str, box: Box) -> Target | Unreachable:
-        path = self.box_path(handle)
-        try:
-            owner = mailbox.read_owner(path)
-        except FileNotFoundError:
-            return Unreachable(handle, "owner_missing")
-        except mailbox.Unsafe as exc:
-            return Unreachable(handle, f"owner_{exc.reason}")
-        except OSError as exc:
-            return Unreachable(handle, f"owner_unreadable_{errno.errorcode.get(exc.errno, exc.errno)}")
-        box.owner_pid, box.owner_sid = owner.pid, owner.session_id
-        pids = {owner.pid} if owner.pid else set()
-        pids.update(self.sid_index.get(owner.session_id or "", ()))
-        records, problems = [], {}
-        for pid in sorted(pids):
-            try:
-                records.append(await self._read_record(pid))
-            except (FileNotFoundError, NotADirectoryError):
-                problems[pid] = "no_record"
-            except registry.BadRecord as exc:
-                problems[pid] = exc.reason
-            except PermissionError:
-                problems[pid] = "record_unreadable"
-        live = {r.pid: registry.live_start_of(r) for r in records}
-        result = resolve(handle, owner, records, live, self.own_domain)
-        if isinstance(result, Unreachable) and result.reason == "no_record" and owner.pid in problems:
-            # Say what was wrong with the record rather than just "none".
-            return Unreachable(handle, problems[owner.pid], owner.pid, owner.session_id)
+    def _resolve(self, handle: str, box: Box) -> Target | Unreachable:
+        owner, result = resolve_box(self.cfg.mail_root, self.cfg.registry_dir, handle, self.sid_index, self.own_domain)
+        if owner is not None:
+            box.owner_pid, box.owner_sid = owner.pid, owner.session_id
         return result
-
-    async def _read_record(self, pid: int) -> registry.Record:
-        path = registry.record_path(self.cfg.registry_dir, pid)
-        try:
-            return registry.read_record_once(path, pid)
-        except registry.BadRecord as exc:
-            if exc.reason != "record_torn":
-                raise
-        await trio.sleep(0.025)  # Claude writes the record in place: re-read a torn one once
-        return registry.read_record_once(path, pid)
 
     async def _ring(self, handle: str, box: Box, target: Target, names: tuple, log) -> None:
         try:

@@ -16,7 +16,8 @@ from pathlib import Path
 
 from . import mailbox, registry, wakecap
 from .config import Config
-from .resolve import Target, Unreachable, resolve
+from . import resolve
+from .resolve import Target, Unreachable
 
 
 @dataclass
@@ -38,22 +39,8 @@ class Row:
 
 
 def resolve_box(cfg: Config, handle: str, index: dict[str, list[int]]) -> Target | Unreachable:
-    box = mailbox.box_dir(cfg.mail_root, handle)
-    try:
-        owner = mailbox.read_owner(box)
-    except FileNotFoundError:
-        return Unreachable(handle, "owner_missing")
-    except mailbox.Unsafe as exc:
-        return Unreachable(handle, f"owner_{exc.reason}")
-    except OSError:
-        return Unreachable(handle, "owner_unreadable")
-    pids = {owner.pid} if owner.pid else set()
-    pids.update(index.get(owner.session_id or "", ()))
-    records, problems = registry.candidate_records(cfg.registry_dir, pids)
-    live = {r.pid: registry.live_start_of(r) for r in records}
-    result = resolve(handle, owner, records, live, registry.own_pid_domain())
-    if isinstance(result, Unreachable) and result.reason == "no_record" and owner.pid in problems:
-        return Unreachable(handle, problems[owner.pid], owner.pid, owner.session_id)
+    """As the daemon resolves it, plus the socket vetting the daemon does right before a poke."""
+    _owner, result = resolve.resolve_box(cfg.mail_root, cfg.registry_dir, handle, index, registry.own_pid_domain())
     if isinstance(result, Target):
         problem = registry.vet_socket(result.socket_path)
         if problem:

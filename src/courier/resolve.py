@@ -1,9 +1,10 @@
 """handle -> Target(socket, session_id, pid) or Unreachable(reason): a pure decision over snapshots.
 
 Trust: owner.json and registry records are hostile input; they arrive here
-already parsed and type-checked, and this module only compares them. It does
-no I/O: the caller hands it the records it read and the live start tokens of
-their pids, so every branch is tested with plain values.
+already parsed and type-checked, and `resolve` only compares them. `resolve`
+does no I/O: it is handed the records and the live start tokens of their pids,
+so every branch is tested with plain values. `resolve_box` is the thin I/O edge
+that gathers those snapshots from disk for the daemon and for `courier status`.
 Logs: nothing; the caller logs `session_unreachable` with the reason returned.
 Limits: a session in another pid namespace is treated as unreachable (courier
 cannot check its liveness), although Claude itself would count it present.
@@ -12,8 +13,11 @@ cannot check its liveness), although Claude itself would count it present.
 from __future__ import annotations
 
 from dataclasses import dataclass
+import errno
+from pathlib import Path
 from typing import Iterable, Mapping
 
+from . import mailbox, registry
 from .mailbox import Owner
 from .registry import Record, liveness_problem
 
@@ -94,3 +98,30 @@ def resolve(
     if not chosen.socket_path:
         return Unreachable(handle, "no_socket", chosen.pid, sid)
     return Target(handle, chosen.pid, sid, chosen.socket_path, chosen.status, chosen.version)
+
+
+def resolve_box(
+    mail_root: Path, registry_dir: Path, handle: str, index: Mapping[str, list[int]], own_domain: str | None
+) -> tuple[Owner | None, Target | Unreachable]:
+    """Read the box's owner and the candidate records, then decide. Never raises on bad input.
+
+    A torn record is re-read once after 25 ms (Claude writes records in place); that
+    short sleep is the only blocking this does, and only on a torn read.
+    """
+    try:
+        owner = mailbox.read_owner(mailbox.box_dir(mail_root, handle))
+    except FileNotFoundError:
+        return None, Unreachable(handle, "owner_missing")
+    except mailbox.Unsafe as exc:
+        return None, Unreachable(handle, f"owner_{exc.reason}")
+    except OSError as exc:
+        return None, Unreachable(handle, f"owner_unreadable_{errno.errorcode.get(exc.errno or 0, 'oserror')}")
+    pids = {owner.pid} if owner.pid else set()
+    pids.update(index.get(owner.session_id or "", ()))
+    records, problems = registry.candidate_records(registry_dir, pids)
+    live = {r.pid: registry.live_start_of(r) for r in records}
+    result = resolve(handle, owner, records, live, own_domain)
+    if isinstance(result, Unreachable) and result.reason == "no_record" and owner.pid in problems:
+        # Say what was wrong with the owner's record rather than just "none".
+        result = Unreachable(handle, problems[owner.pid], owner.pid, owner.session_id)
+    return owner, result
