@@ -329,7 +329,11 @@ def idle_and_memory(boxes: int, seconds: float, with_mail: bool = True) -> dict:
         log = w.root / "courier.log"
         p = w.courier("--min-poke-interval", "0", *timing_args(), log=log)
         w.wait_ready(log)
-        time.sleep(8.0)  # let the initial rings and their 3 s receipt checks finish
+        # Idle means idle: wait until every box has been rung, then past the 3 s receipt checks.
+        deadline = time.time() + 300
+        while with_mail and time.time() < deadline and len(fleet_rings(out)) < boxes:
+            time.sleep(0.5)
+        time.sleep(5.0)
         cpu0, sw0 = proc_cpu(p.pid)
         time.sleep(seconds)
         cpu1, sw1 = proc_cpu(p.pid)

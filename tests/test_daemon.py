@@ -317,3 +317,25 @@ def test_registry_dir_created_after_start(env, fake_session, daemon):
     d.wait_event("session_unreachable", handle="nr-0001")
     fs = fake_session("sess-nr")  # creates sessions/
     wait_for(lambda: len(fs.lines()) == 1, timeout=5, what="ring once the registry appeared")
+
+
+def test_two_daemons_started_at_once_exactly_one_wins(env):
+    """Two `courier run` launched at the same moment on one state dir: exactly one keeps running, the other exits 3."""
+    procs = [
+        subprocess.Popen([sys.executable, "-m", "courier", "run"], env=_env(env), stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
+    try:
+        wait_for(lambda: any(p.poll() is not None for p in procs), timeout=20, what="one of them to give up")
+        time.sleep(1.0)
+        alive = [p for p in procs if p.poll() is None]
+        dead = [p for p in procs if p.poll() is not None]
+        assert len(alive) == 1 and len(dead) == 1
+        assert dead[0].returncode == 3
+        assert f"pid {alive[0].pid}" in dead[0].stderr.read()
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.terminate()
+                p.wait(5)
