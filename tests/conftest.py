@@ -294,3 +294,12 @@ def fleet(env):
     yield start
     for f in started:
         f.stop()
+
+
+@pytest.fixture(autouse=True)
+def _reset_structlog():
+    """In-process tests configure structlog; leave the next test a clean slate."""
+    yield
+    import structlog
+
+    structlog.reset_defaults()

@@ -17,6 +17,13 @@ import structlog
 LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
 
 
+def _head_first(_logger, _name, event_dict: dict) -> dict:
+    """ts, level, event first: an operator scanning raw lines reads the verb before the context."""
+    head = {k: event_dict.pop(k) for k in ("ts", "level", "event") if k in event_dict}
+    head.update(event_dict)
+    return head
+
+
 def configure(fmt: str = "json", level: str = "info", stream: TextIO | None = None) -> None:
     stream = stream if stream is not None else sys.stderr
     renderer = (
@@ -28,6 +35,7 @@ def configure(fmt: str = "json", level: str = "info", stream: TextIO | None = No
         processors=[
             structlog.processors.TimeStamper(fmt="iso", utc=True, key="ts"),
             structlog.processors.add_log_level,
+            _head_first,
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(LEVELS[level]),
