@@ -262,6 +262,7 @@ def test_spawn_posture(world):
     before = len(w.api.turns())
     w.courier("send", h_good, "--subject", "for good", "--body", "x")
     wait_until(lambda: w.turns_with(h_good + ")"), 20, "the spawn-settings session to wake")
+    assert w.events("poke_sent", handle=h_good) and not w.events("poke_receipt", handle=h_good), "accepted: no receipt"
     path = Path(w.courier("send", h_bad, "--subject", "for held", "--body", "x").stdout.strip())
     receipt = wait_until(lambda: w.events("poke_receipt", handle=h_bad, status="held"), 10, "held receipt")
     sent = w.events("poke_sent", handle=h_bad)
