@@ -48,6 +48,8 @@ def test_held_warns_once_and_blocks_rering(env, fake_session, daemon):
         return "held" in out.stdout and "crossSessionInbound" in out.stdout
 
     wait_for(shown, timeout=5, what="status to show the held receipt (snapshot is written at most once a second)")
+    doc = subprocess.run([sys.executable, "-m", "courier", "doctor"], env=env.vars(), capture_output=True, text=True)
+    assert doc.returncode == 1 and "held-0001" in doc.stdout and "spawn-settings" in doc.stdout
 
 
 def test_denied_backs_off(env, fake_session, daemon):

@@ -433,6 +433,14 @@ def cmd_doctor(args) -> int:
         )
     else:
         ok("claim and deliver hooks installed in user settings")
+    held = _held_boxes(cfg.state_dir)
+    if held:
+        bad(
+            f"sessions holding courier's doorbell (held receipts): {', '.join(held[:10])}"
+            + (f" and {len(held) - 10} more" if len(held) > 10 else ""),
+            "start them with `claude --settings $(courier spawn-settings)` or set "
+            '"crossSessionInbound": "accept" in their user settings',
+        )
     inbound = settings.get("crossSessionInbound")
     if inbound == "accept":
         ok('user settings accept doorbells in bypass sessions (crossSessionInbound: "accept")')
@@ -445,6 +453,20 @@ def cmd_doctor(args) -> int:
         )
     print("doctor: " + ("all good" if not problems else f"{problems} problem(s)"))
     return 1 if problems else 0
+
+
+def _held_boxes(state_dir: Path) -> list[str]:
+    """Boxes whose last receipt from Claude Code says the doorbell is held (from the daemon's snapshot)."""
+    try:
+        snap = mailbox.read_json_object(state_dir / "status.json", 32 << 20)
+    except (OSError, mailbox.Unsafe):
+        return []
+    boxes = snap.get("boxes") if isinstance(snap.get("boxes"), dict) else {}
+    return sorted(
+        h for h, b in boxes.items()
+        if mailbox.valid_handle(h) and isinstance(b, dict) and isinstance(b.get("lastReceipt"), dict)
+        and b["lastReceipt"].get("status") == "held"
+    )
 
 
 # ---------------------------------------------------------------- log
