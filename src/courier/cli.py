@@ -10,8 +10,6 @@ Limits: `service` drives systemctl/launchctl when present; otherwise it prints t
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import sys
 from pathlib import Path
@@ -37,7 +35,7 @@ paths (flags win over environment):
 """
 
 
-def _add_paths(p: argparse.ArgumentParser) -> None:
+def _add_paths(p) -> None:
     g = p.add_argument_group("paths")
     g.add_argument("--mail-dir", metavar="DIR", help="mail root (default: see 'paths' below)")
     g.add_argument("--claude-config-dir", metavar="DIR", help="Claude Code config dir holding sessions/")
@@ -45,6 +43,8 @@ def _add_paths(p: argparse.ArgumentParser) -> None:
 
 
 def _duration(text: str) -> float:
+    import argparse
+
     try:
         return cfgmod.parse_duration(text)
     except cfgmod.ConfigError as exc:
@@ -52,6 +52,8 @@ def _duration(text: str) -> float:
 
 
 def _positive_int(text: str) -> int:
+    import argparse
+
     try:
         value = int(text)
     except ValueError:
@@ -59,7 +61,10 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser():
+    # argparse is imported here, not at module level: `courier hook …` must not pay for it.
+    import argparse
+
     parser = argparse.ArgumentParser(
         prog="courier",
         description=DESCRIPTION,
@@ -313,6 +318,12 @@ def cmd_hook(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) == 2 and argv[0] == "hook" and argv[1] in ("claim", "deliver"):
+        # The hot path: runs before every prompt. Skip building the whole parser.
+        from . import hooks
+
+        return hooks.main(argv[1])
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:

@@ -15,55 +15,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Mapping
 
-# The convention treats these suite names as "no suite" (research/helm-mailbox.md).
-_NO_SUITE = {"", "com.wirasm.helm", "helm"}
-
-
 class ConfigError(ValueError):
     """A setting that makes no sense: reported at start-up, never silently defaulted."""
 
 
-def _home(env: Mapping[str, str]) -> Path:
-    home = env.get("HOME", "").strip()
-    return Path(home) if home else Path.home()
-
-
-def mail_root(env: Mapping[str, str], flag: str | None = None) -> Path:
-    """The mail root exactly as the helm convention resolves it, unless a flag overrides."""
-    if flag:
-        return Path(flag).expanduser().resolve()
-    override = env.get("HELM_MAIL_DIR", "").strip()
-    if override:
-        return Path(override).expanduser().resolve()
-    suite = env.get("HELM_DEFAULTS_SUITE", "").strip()
-    if suite not in _NO_SUITE and "/" not in suite:
-        return _home(env) / ".helm" / f"mail-{suite}"
-    return _home(env) / ".helm" / "mail"
-
-
-def claude_config_dir(env: Mapping[str, str], flag: str | None = None) -> Path:
-    if flag:
-        return Path(flag).expanduser().resolve()
-    configured = env.get("CLAUDE_CONFIG_DIR", "").strip()
-    if configured:
-        return Path(configured).expanduser().resolve()
-    return _home(env) / ".claude"
-
-
-def state_dir(env: Mapping[str, str], flag: str | None = None) -> Path:
-    if flag:
-        return Path(flag).expanduser().resolve()
-    configured = env.get("COURIER_STATE_DIR", "").strip()
-    if configured:
-        return Path(configured).expanduser().resolve()
-    xdg = env.get("XDG_STATE_HOME", "").strip()
-    if xdg:
-        return Path(xdg).expanduser().resolve() / "courier"
-    return _home(env) / ".local" / "state" / "courier"
-
-
-def registry_dir(config_dir: Path) -> Path:
-    return config_dir / "sessions"
+from .paths import claude_config_dir, mail_root, registry_dir, state_dir  # noqa: E402,F401  (re-exported)
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """Claude Code hook entry points: claim a box at SessionStart, deliver mail at UserPromptSubmit.
 
-Imports stdlib + `mailbox`, `registry`, `wakecap`, `lockfile`, `config` only: a
+Imports stdlib + `mailbox`, `registry`, `wakecap`, `lockfile`, `paths` only: a
 hook runs before every prompt, and `import trio` / `import structlog` alone would
 cost ~0.3 s (a test asserts they stay out of sys.modules).
 
@@ -26,7 +26,7 @@ import unicodedata
 from pathlib import Path
 from typing import Mapping
 
-from . import config, lockfile, mailbox, registry, wakecap
+from . import lockfile, mailbox, paths, registry, wakecap
 
 NAME = "courier"
 FROM_MAX = 64
@@ -126,17 +126,25 @@ def owner_gone(owner: mailbox.Owner, reg: Path, index: dict[str, list[int]]) -> 
     return rec.session_id != owner.session_id
 
 
-def find_mine(root: Path, session_id: str) -> str | None:
+def read_owners(root: Path) -> dict[str, mailbox.Owner | None]:
+    """Every box's owner, read once (None where unreadable). Missing root -> {}."""
     try:
         handles, _ = mailbox.list_handles(root)
     except OSError:
-        return None
+        return {}
+    owners: dict[str, mailbox.Owner | None] = {}
     for handle in handles:
         try:
-            owner = mailbox.read_owner(root / handle)
+            owners[handle] = mailbox.read_owner(root / handle)
         except (OSError, mailbox.Unsafe):
-            continue
-        if owner.session_id == session_id:
+            owners[handle] = None
+    return owners
+
+
+def find_mine(root: Path, session_id: str, owners: dict | None = None) -> str | None:
+    owners = read_owners(root) if owners is None else owners
+    for handle, owner in owners.items():
+        if owner is not None and owner.session_id == session_id:
             return handle
     return None
 
@@ -149,21 +157,21 @@ def claim(env: Mapping[str, str], payload: dict, out, log: HookLog) -> int:
     if not isinstance(session_id, str) or not session_id or len(session_id) > 256:
         return 0
     cwd = payload.get("cwd") if isinstance(payload.get("cwd"), str) else os.getcwd()
-    root = config.mail_root(env)
-    reg = config.registry_dir(config.claude_config_dir(env))
+    root = paths.mail_root(env)
+    reg = paths.registry_dir(paths.claude_config_dir(env))
     os.makedirs(root, mode=0o700, exist_ok=True)
     index = registry.session_index(reg)
+    owners = read_owners(root)  # one pass serves finding, deriving and retiring
 
-    handle = find_mine(root, session_id)
+    handle = find_mine(root, session_id, owners)
     if handle is None:
 
         def held_by_another(candidate: str) -> bool:
-            try:
-                other = mailbox.read_owner(root / candidate)
-            except FileNotFoundError:
-                return False
-            except (OSError, mailbox.Unsafe):
-                return True  # unreadable: not ours to take
+            if candidate not in owners:
+                return (root / candidate).exists()  # not a box we could read: not ours to take
+            other = owners[candidate]
+            if other is None:
+                return True  # unreadable owner: not ours to take
             if other.session_id == session_id or other.retired_at is not None:
                 return False
             return not owner_gone(other, reg, index)
@@ -189,7 +197,7 @@ def claim(env: Mapping[str, str], payload: dict, out, log: HookLog) -> int:
     mailbox.write_json_atomic(box / mailbox.OWNER_FILE, owner)
     log("hook_claimed", handle=handle, pid=owner["pid"], session_id=session_id, provisional=not pid)
 
-    retire_gone(root, handle, reg, index, log)
+    retire_gone(root, handle, reg, index, log, owners)
 
     # SessionStart only shows: session-start events also fire for sessions that are then discarded.
     try:
@@ -202,19 +210,11 @@ def claim(env: Mapping[str, str], payload: dict, out, log: HookLog) -> int:
     return 0
 
 
-def retire_gone(root: Path, mine: str, reg: Path, index, log: HookLog) -> None:
-    try:
-        handles, _ = mailbox.list_handles(root)
-    except OSError:
-        return
-    for handle in handles:
-        if handle == mine:
-            continue
+def retire_gone(root: Path, mine: str, reg: Path, index, log: HookLog, owners: dict) -> None:
+    for handle, owner in owners.items():
+        if handle == mine or owner is None:
+            continue  # ours, or an unreadable owner: left alone
         box = root / handle
-        try:
-            owner = mailbox.read_owner(box)
-        except (OSError, mailbox.Unsafe):
-            continue  # unreadable owner: left alone
         if owner.retired_at is not None or owner.runtime != "claude":
             continue
         if not owner_gone(owner, reg, index):
@@ -267,11 +267,11 @@ def deliver(env: Mapping[str, str], payload: dict, out, log: HookLog) -> int:
     session_id = payload.get("session_id") or env.get("CLAUDE_CODE_SESSION_ID") or ""
     if not isinstance(session_id, str) or not session_id:
         return 0
-    root = config.mail_root(env)
+    root = paths.mail_root(env)
     if not root.is_dir():
         return 0
-    state = config.state_dir(env)
-    reg = config.registry_dir(config.claude_config_dir(env))
+    state = paths.state_dir(env)
+    reg = paths.registry_dir(paths.claude_config_dir(env))
     handle = find_mine(root, session_id)
     if handle is None:
         return 0
@@ -350,7 +350,7 @@ def main(verb: str, env: Mapping[str, str] | None = None, stdin=None, stdout=Non
     if env.get("HELM_MAIL_OFF", "").strip() or payload is None:
         return 0
     try:
-        log = HookLog(config.state_dir(env))
+        log = HookLog(paths.state_dir(env))
     except Exception:  # noqa: BLE001 - a hook must never fail the prompt
         return 0
     try:

@@ -14,11 +14,9 @@ from __future__ import annotations
 import os
 import re
 import stat
-import subprocess
 import sys
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from . import mailbox
 
@@ -29,8 +27,7 @@ SOCKET_NAME_RE = re.compile(r"^(?:[0-9]+(?:-[0-9a-f]{8})?|[0-9a-f]{1,16})\.sock$
 MAX_SOCKET_PATH_BYTES = 103
 
 
-@dataclass(frozen=True)
-class Record:
+class Record(NamedTuple):
     pid: int
     session_id: str
     proc_start: str | None
@@ -131,6 +128,8 @@ def proc_start(pid: int) -> str | None:
             return raw[raw.rindex(")") + 2 :].split(" ")[19]
         except (ValueError, IndexError):
             return None
+    import subprocess  # macOS only; kept off the Linux hook path
+
     try:
         out = subprocess.run(
             ["ps", "-o", "lstart=", "-p", str(int(pid))],

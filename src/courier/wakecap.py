@@ -19,8 +19,8 @@ import json
 import math
 import os
 import time
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from . import mailbox
 
@@ -35,8 +35,7 @@ def is_doorbell(prompt: object) -> bool:
 OPERATOR_DIR = "operator-turns"
 
 
-@dataclass(frozen=True)
-class Level:
+class Level(NamedTuple):
     value: float  # level at time `at`
     at: float  # wall-clock seconds
 
@@ -76,14 +75,14 @@ def after_poke(level: Level, now: float, half_life: float) -> Level:
 # ---------------------------------------------------------------- persistence
 
 
-@dataclass
 class Table:
     """Levels per handle; `default` applies to handles with no entry (conservative after corruption)."""
 
-    levels: dict[str, Level]
-    last_ring: dict[str, float]
-    ring: int = 0
-    default: Level = ZERO
+    def __init__(self, levels: dict[str, Level], last_ring: dict[str, float], ring: int = 0, default: Level = ZERO):
+        self.levels = levels
+        self.last_ring = last_ring
+        self.ring = ring
+        self.default = default
 
     def get(self, handle: str) -> Level:
         return self.levels.get(handle, self.default)
