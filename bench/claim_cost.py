@@ -5,6 +5,8 @@
 import json, os, subprocess, sys, tempfile, time, statistics
 from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import courier
+subprocess.run([sys.executable, "-m", "compileall", "-q", str(Path(courier.__file__).parent)], capture_output=True)
 import bench
 w = bench.World()
 for i in range(1000):
