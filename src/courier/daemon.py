@@ -683,6 +683,7 @@ class Daemon:
                     ring=ring,
                     queued=len(names),
                     latency_ms=round(result.latency_ms, 3),
+                    write_ms=round(result.write_ms, 3) if result.write_ms is not None else None,
                     wake_level=round(level.value, 3),
                     note=result.reason,
                     msg_id=msg_id,

@@ -94,7 +94,8 @@ class PokeResult:
     sent: bool
     reason: str | None = None  # why not sent (or a note when sent, e.g. eof_timeout)
     errno: int | None = None
-    latency_ms: float = 0.0
+    latency_ms: float = 0.0  # the whole exchange, until the session closed its side
+    write_ms: float | None = None  # connect + write: when the line was in the session's socket
 
 
 def peer_credentials(sock: socket.socket) -> tuple[int, int] | None:
@@ -113,6 +114,7 @@ async def poke(path: str, line: bytes, *, expected_pid: int | None, timeout: flo
         return PokeResult(False, problem)
     start = time.perf_counter()
     written = False
+    write_ms = None
     sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         with trio.move_on_after(timeout) as scope:
@@ -129,6 +131,7 @@ async def poke(path: str, line: bytes, *, expected_pid: int | None, timeout: flo
                 sent = await sock.send(view)
                 view = view[sent:]
             written = True
+            write_ms = (time.perf_counter() - start) * 1000
             sock.shutdown(socket.SHUT_WR)
             # Claude never writes back; reading to EOF tells us the session took the line
             # off the socket and closed its side. Bound what a hostile peer could send.
@@ -144,9 +147,9 @@ async def poke(path: str, line: bytes, *, expected_pid: int | None, timeout: flo
         if scope.cancelled_caught:
             if written:
                 # The line is in the socket buffer; the session just has not closed yet.
-                return PokeResult(True, "eof_timeout", None, latency)
+                return PokeResult(True, "eof_timeout", None, latency, write_ms)
             return PokeResult(False, "timeout", None, latency)
-        return PokeResult(True, None, None, latency)
+        return PokeResult(True, None, None, latency, write_ms)
     except OSError as exc:
         reason = FALLBACK_ERRNOS.get(exc.errno)
         if reason is None:
