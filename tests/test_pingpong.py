@@ -54,17 +54,22 @@ def test_without_the_cap_it_burns(env, fake_session, daemon):
     assert pokes > 60, pokes
 
 
+def _ring_and_deliver(env, fs, box, d, times: int) -> None:
+    """Drop, wait for the ring, deliver the box as its hook would, wait for the re-arm; `times` times."""
+    for i in range(times):
+        env.drop(box.name)
+        wait_for(lambda: len(fs.lines()) == i + 1, what=f"ring {i + 1}")
+        for name in mailbox.list_box(box).queued:
+            mailbox.consume(box, name)
+        d.wait_event("doorbell_rearmed", count=i + 1, handle=box.name)
+
+
 def test_operator_turn_lets_a_capped_box_ring_again(env, fake_session, daemon):
     """Capped: new mail waits. After an operator turn (what the prompt hook records) the next mail rings at once."""
     fs = fake_session("sess-op")
     box = env.claim("op-0001", fs.pid, "sess-op")
     d = daemon("--wake-half-life", "1h", "--min-poke-interval", "0.05s")
-    for i in range(3):
-        env.drop("op-0001")
-        wait_for(lambda: len(fs.lines()) == i + 1, what=f"ring {i + 1}")
-        for name in mailbox.list_box(box).queued:
-            mailbox.consume(box, name)
-        d.wait_event("doorbell_rearmed", count=i + 1, handle="op-0001")
+    _ring_and_deliver(env, fs, box, d, times=3)
     env.drop("op-0001")
     capped = d.wait_event("wake_capped", handle="op-0001")
     assert capped[0]["wake_level"] > 2 and capped[0]["allowed_at"]
@@ -81,12 +86,7 @@ def test_level_survives_restart_and_corrupt_state_is_conservative(env, fake_sess
     fs = fake_session("sess-rs")
     box = env.claim("rs-0001", fs.pid, "sess-rs")
     d = daemon("--wake-half-life", "1h", "--min-poke-interval", "0.05s")
-    for i in range(3):
-        env.drop("rs-0001")
-        wait_for(lambda: len(fs.lines()) == i + 1, what=f"ring {i + 1}")
-        for name in mailbox.list_box(box).queued:
-            mailbox.consume(box, name)
-        d.wait_event("doorbell_rearmed", count=i + 1, handle="rs-0001")
+    _ring_and_deliver(env, fs, box, d, times=3)
     assert d.stop() == 0
     state = json.loads((env.state / "wakecap.json").read_text())
     assert state["boxes"]["rs-0001"]["level"] > 2.9
