@@ -211,3 +211,39 @@ def test_send_refuses_bad_handles_and_unknown_boxes(env):
     assert p.returncode == 0 and "retired" in p.stderr
     msg = json.loads(Path(p.stdout.strip()).read_text())
     assert set(msg) == {"id", "from", "to", "subject", "body", "sentAt"}
+
+
+def test_config_file_and_sighup_reload(env, fake_session, daemon):
+    """Settings come from a TOML file; SIGHUP re-reads it without dropping state; a broken file keeps the old settings."""
+    cfg = env.root / "courier.toml"
+    cfg.write_text('wake_cap = 1\nwake_half_life = "1h"\nmin_poke_interval = "50ms"\n')
+    fs = fake_session("sess-cfg")
+    box = env.claim("cfg-0001", fs.pid, "sess-cfg")
+    d = daemon("--config", str(cfg))
+    from courier import mailbox
+
+    env.drop("cfg-0001")
+    wait_for(lambda: len(fs.lines()) == 1, what="first ring")
+    for n in mailbox.list_box(box).queued:
+        mailbox.consume(box, n)
+    d.wait_event("doorbell_rearmed", handle="cfg-0001")
+    env.drop("cfg-0001")
+    d.wait_event("wake_capped", handle="cfg-0001")  # the file's cap of 1 holds
+    cfg.write_text("wake_cap = [broken\n")
+    d.proc.send_signal(signal.SIGHUP)
+    d.wait_event("config_reload_failed")
+    cfg.write_text('wake_cap = 5\nwake_half_life = "1h"\nmin_poke_interval = "50ms"\n')
+    d.proc.send_signal(signal.SIGHUP)
+    ev = d.wait_event("config_reloaded", count=1)
+    assert "wake_cap" in ev[-1]["changed"]
+    wait_for(lambda: len(fs.lines()) == 2, what="ring after the cap was raised by reload")
+    assert d.proc.poll() is None
+
+
+def test_bad_config_file_is_a_startup_error(env):
+    cfg = env.root / "bad.toml"
+    cfg.write_text('wake_cap = 3\nfrobnicate = 1\n')
+    p = courier(env, "run", "--config", str(cfg))
+    assert p.returncode == 2 and "unknown setting 'frobnicate'" in p.stderr
+    p = courier(env, "run", "--config", str(env.root / "missing.toml"))
+    assert p.returncode == 2 and "does not exist" in p.stderr

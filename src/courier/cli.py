@@ -99,7 +99,12 @@ def build_parser():
     k.add_argument("--debounce-ms", type=_positive_int, help="watcher debounce (default 20)")
     k.add_argument("--step-ms", type=_positive_int, help="watcher step: latency ~1.5x, idle wakeups 1000/step per second (default 10)")
     k.add_argument("--log-format", choices=["json", "console"], help="default json (console on a TTY)")
-    k.add_argument("--log-level", choices=["debug", "info", "warning", "error"], default="info")
+    k.add_argument("--log-level", choices=["debug", "info", "warning", "error"], default=None,
+                   help="default info")
+    k.add_argument("--config", metavar="FILE", help="TOML settings, re-read on SIGHUP (default "
+                   "$COURIER_CONFIG, else $XDG_CONFIG_HOME/courier/config.toml; keys: wake_cap, wake_half_life, "
+                   "rescan_interval, poke_timeout, outstanding_limit, min_poke_interval, debounce_ms, step_ms, "
+                   "log_level, mail_dir, claude_config_dir, state_dir)")
     k.add_argument("--no-receipts", action="store_true", help="do not listen for Claude Code's delivery receipts")
 
     send = sub.add_parser(
@@ -184,20 +189,29 @@ def _config(args, **knobs) -> cfgmod.Config:
 
 
 def cmd_run(args) -> int:
-    try:
-        cfg = _config(
-            args,
-            wake_cap=args.wake_cap,
-            wake_half_life_s=args.wake_half_life,
-            rescan_interval_s=args.rescan_interval,
-            poke_timeout_s=args.poke_timeout,
-            outstanding_limit_s=args.outstanding_limit,
-            session_min_interval_s=args.min_poke_interval,
-            debounce_ms=args.debounce_ms,
-            step_ms=args.step_ms,
-            log_format=args.log_format or ("console" if sys.stderr.isatty() else "json"),
-            log_level=args.log_level,
+    def load():
+        return cfgmod.build(
+            config_file=args.config,
+            mail_dir=args.mail_dir,
+            config_dir=args.claude_config_dir,
+            state=args.state_dir,
+            **flag_knobs,
         )
+
+    flag_knobs = dict(
+        wake_cap=args.wake_cap,
+        wake_half_life_s=args.wake_half_life,
+        rescan_interval_s=args.rescan_interval,
+        poke_timeout_s=args.poke_timeout,
+        outstanding_limit_s=args.outstanding_limit,
+        session_min_interval_s=args.min_poke_interval,
+        debounce_ms=args.debounce_ms,
+        step_ms=args.step_ms,
+        log_format=args.log_format or ("console" if sys.stderr.isatty() else "json"),
+        log_level=args.log_level,
+    )
+    try:
+        cfg = load()
     except cfgmod.ConfigError as exc:
         print(f"courier: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -215,6 +229,7 @@ def cmd_run(args) -> int:
         print(f"courier: {exc}", file=sys.stderr)
         return exc.code
     d = daemon.Daemon(cfg, logger)
+    d.reload_config = load  # SIGHUP re-reads the config file; flags still win
     if not args.no_receipts:
         from .receipts import Receipts
 

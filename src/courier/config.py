@@ -122,3 +122,102 @@ def from_env(
     )
     knobs = {k: v for k, v in knobs.items() if v is not None}
     return replace(cfg, **knobs).validated()
+
+
+# ---------------------------------------------------------------- the config file
+#
+# Optional TOML, re-read on SIGHUP. Flags win over the file, the file over defaults.
+# Durations take the same forms as the flags ("90s", "10m"); paths are read at start
+# only (a running daemon does not move its mail root).
+
+FILE_KNOBS = {
+    "wake_cap": ("wake_cap", "int"),
+    "wake_half_life": ("wake_half_life_s", "duration"),
+    "rescan_interval": ("rescan_interval_s", "duration"),
+    "poke_timeout": ("poke_timeout_s", "duration"),
+    "outstanding_limit": ("outstanding_limit_s", "duration"),
+    "min_poke_interval": ("session_min_interval_s", "duration"),
+    "debounce_ms": ("debounce_ms", "int"),
+    "step_ms": ("step_ms", "int"),
+    "log_level": ("log_level", "str"),
+}
+FILE_PATHS = {"mail_dir", "claude_config_dir", "state_dir"}
+
+
+def default_config_file(env: Mapping[str, str]) -> Path:
+    explicit = env.get("COURIER_CONFIG", "").strip()
+    if explicit:
+        return Path(explicit).expanduser()
+    xdg = env.get("XDG_CONFIG_HOME", "").strip()
+    base = Path(xdg).expanduser() if xdg else _home_of(env) / ".config"
+    return base / "courier" / "config.toml"
+
+
+def _home_of(env: Mapping[str, str]) -> Path:
+    home = env.get("HOME", "").strip()
+    return Path(home) if home else Path.home()
+
+
+def load_file(path: Path) -> tuple[dict, dict]:
+    """(knobs, paths) from a TOML file; ({}, {}) if it does not exist. Raises ConfigError on anything wrong."""
+    import tomllib
+
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return {}, {}
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
+    try:
+        data = tomllib.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+    knobs, paths = {}, {}
+    for key, value in data.items():
+        if key in FILE_PATHS:
+            if not isinstance(value, str) or not value.strip():
+                raise ConfigError(f"{path}: {key} must be a path string")
+            paths[key] = value
+            continue
+        if key not in FILE_KNOBS:
+            known = ", ".join(sorted(set(FILE_KNOBS) | FILE_PATHS))
+            raise ConfigError(f"{path}: unknown setting {key!r} (known: {known})")
+        field_name, kind = FILE_KNOBS[key]
+        if kind == "duration":
+            if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+                raise ConfigError(f"{path}: {key} must be a duration such as \"10m\"")
+            knobs[field_name] = parse_duration(str(value))
+        elif kind == "int":
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ConfigError(f"{path}: {key} must be a whole number")
+            knobs[field_name] = value
+        else:
+            knobs[field_name] = value
+    return knobs, paths
+
+
+def build(
+    env: Mapping[str, str] | None = None,
+    *,
+    config_file: str | None = None,
+    mail_dir: str | None = None,
+    config_dir: str | None = None,
+    state: str | None = None,
+    **flag_knobs,
+) -> Config:
+    """Defaults < config file < flags; paths: flag < file < environment rules."""
+    env = os.environ if env is None else env
+    path = Path(config_file).expanduser() if config_file else default_config_file(env)
+    if config_file and not path.exists():
+        raise ConfigError(f"config file {path} does not exist")
+    file_knobs, file_paths = load_file(path)
+    knobs = dict(file_knobs)
+    knobs.update({k: v for k, v in flag_knobs.items() if v is not None})
+    cfg = from_env(
+        env,
+        mail_dir=mail_dir or file_paths.get("mail_dir"),
+        config_dir=config_dir or file_paths.get("claude_config_dir"),
+        state=state or file_paths.get("state_dir"),
+        **knobs,
+    )
+    return replace(cfg, extra={"config_file": str(path)})

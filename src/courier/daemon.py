@@ -124,6 +124,7 @@ class Daemon:
         self._limiter = trio.CapacityLimiter(cfg.max_concurrent_pokes)
         self.own_domain = registry.own_pid_domain()
         self.receipts = None  # set by the receipts listener when enabled
+        self.reload_config = None  # set by the CLI: () -> Config, re-reading the config file
         self.last_loop_progress = 0.0
 
     # ------------------------------------------------------------ helpers
@@ -264,12 +265,40 @@ class Daemon:
         with trio.open_signal_receiver(*sigs) as received:
             async for signum in received:
                 if signum == signal.SIGHUP:
-                    self.log.info("reload_requested", note="configuration is fixed at start; state kept; rescanning")
                     self.notifier.reloading()
+                    self.reload()
                     self._request_rescan()
                     self.notifier.ready(self.status_line())
                     continue
                 self.request_stop()
+
+    def reload(self) -> None:
+        """SIGHUP: re-read the config file (flags still win), keep every bit of state, rescan."""
+        self.log.info("reload_requested")
+        if self.reload_config is None:
+            return
+        try:
+            new = self.reload_config()
+        except ValueError as exc:  # ConfigError: keep running on the old settings
+            self.log.error("config_reload_failed", reason=str(exc)[:300], kept="previous settings")
+            return
+        moved = [k for k in ("mail_root", "claude_config_dir", "state_dir") if getattr(new, k) != getattr(self.cfg, k)]
+        if moved:
+            self.log.warning("config_paths_ignored", keys=moved, note="paths change only at start")
+            new = new.with_(mail_root=self.cfg.mail_root, claude_config_dir=self.cfg.claude_config_dir,
+                            state_dir=self.cfg.state_dir)
+        changed = sorted(
+            k for k in ("wake_cap", "wake_half_life_s", "rescan_interval_s", "poke_timeout_s", "outstanding_limit_s",
+                        "session_min_interval_s", "debounce_ms", "step_ms", "log_level")
+            if getattr(new, k) != getattr(self.cfg, k)
+        )
+        if new.log_level != self.cfg.log_level:
+            from . import log as logmod
+
+            logmod.configure(new.log_format, new.log_level)
+            self.log = logmod.get()
+        self.cfg = new
+        self.log.info("config_reloaded", changed=changed)
 
     async def _watchdog(self) -> None:
         """Pet only while the dispatcher makes progress: a wedged loop lets systemd restart us."""
