@@ -212,9 +212,8 @@ def test_initial_scan_rings_mail_queued_before_start(env, fake_session, daemon):
     env.drop("init-0001")
     d = daemon()
     wait_for(lambda: len(fs.lines()) == 1, what="ring from the initial scan")
-    ready = d.events("daemon_ready")[0]
-    sent = d.events("poke_sent")[0]
-    assert sent["ts"] <= ready["ts"] or sent["handle"] == "init-0001"
+    sent = d.wait_event("poke_sent", handle="init-0001")
+    assert sent[0]["ring"] == 1 and sent[0]["queued"] == 1
 
 
 def test_temp_files_owner_and_read_are_not_mail(env, fake_session, daemon):
