@@ -343,3 +343,34 @@ def _ts(iso: str) -> float:
     from datetime import datetime
 
     return datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
+
+
+def test_busy_session_absorbs_the_doorbell(world):
+    """A doorbell that reaches a session in the middle of a turn is absorbed between tool calls: its prompt hook runs
+    and the notice reaches the model in the same turn; no special case in courier."""
+
+    def policy(body):
+        last = body.get("messages", [])[-1] if body.get("messages") else {}
+        content = last.get("content")
+        if isinstance(content, list) and any(isinstance(c, dict) and c.get("type") == "tool_result" for c in content):
+            return text_reply("done")
+        if "please work" in json.dumps(body):
+            return bash_reply("sleep 6")
+        return text_reply("ok")
+
+    w = world(policy)
+    spawn = w.courier("spawn-settings").stdout.strip()
+    s = w.session("busy", "--dangerously-skip-permissions", "--settings", spawn)
+    handle = w.box_of(s)
+    w.start_daemon()
+    s.type("please work")
+    wait_until(lambda: s.record().get("status") == "busy", 15, "the session to be busy")
+    wait_until(lambda: w.turns_with("please work"), 10, "the working turn to reach the API")
+    path = Path(w.courier("send", handle, "--subject", "while busy", "--body", "x").stdout.strip())
+    sent = wait_until(lambda: w.events("poke_sent", handle=handle), 10, "poke while busy")
+    assert s.record().get("status") == "busy"
+    wait_until(lambda: (w.mail / handle / "read" / path.name).exists(), 30, "delivered within the running turn")
+    # The hook ran when the line was absorbed; the model sees its notice in the next request of the turn.
+    with_notice = wait_until(lambda: w.turns_with(path.name), 20, "the notice to reach the model")
+    assert any("tool_result" in json.dumps(t["body"]) for t in with_notice), "in the same turn, after the tool call"
+    record({"scenario": "busy", "poke_latency_ms": sent[0]["latency_ms"]})
