@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/claim_cost.py
 """
-import json, os, subprocess, sys, tempfile, time, statistics
+import json, os, subprocess, sys, time, statistics
 from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import courier

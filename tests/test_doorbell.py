@@ -7,7 +7,6 @@ import os
 import socket
 import threading
 
-import pytest
 import trio
 from hypothesis import given, settings, strategies as st
 

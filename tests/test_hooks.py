@@ -8,12 +8,10 @@ import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
 from courier import hooks, mailbox, wakecap
-from conftest import wait_for
 
 
 def run_hook(env, verb: str, payload, extra_env: dict | None = None, raw: bytes | None = None):
@@ -225,7 +223,6 @@ def test_sixteen_processes_consume_each_message_exactly_once(env):
         assert p.returncode == 0
         all_shown.extend(json.loads(out))
     # Whatever landed after the racers stopped is delivered by one more prompt.
-    buf = io.StringIO()
     e = env.vars()
     p = subprocess.run([sys.executable, "-c", RACE_SCRIPT, "1"], env=e, capture_output=True, timeout=60)
     all_shown.extend(json.loads(p.stdout))

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import time
 
-import pytest
 
 from conftest import wait_for
 

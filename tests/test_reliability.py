@@ -6,7 +6,6 @@ import io
 import json
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -15,7 +14,7 @@ import trio
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from courier import config, hooks, mailbox, report
-from conftest import snapshot, wait_for
+from conftest import wait_for
 
 # CI runs a short profile; COURIER_FUZZ=long runs >= 10,000 examples per target.
 FUZZ = int(os.environ.get("COURIER_FUZZ_EXAMPLES", "10000" if os.environ.get("COURIER_FUZZ") == "long" else "300"))

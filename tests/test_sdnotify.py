@@ -7,11 +7,9 @@ import signal
 import socket
 import time
 
-import pytest
 import trio
 
 from courier import sdnotify
-from conftest import wait_for
 
 
 def _dgram(path):

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 from . import mailbox, registry, wakecap
 from .config import Config
