@@ -33,7 +33,7 @@ import trio
 from watchfiles._rust_notify import RustNotify
 
 from . import doorbell, lockfile, mailbox, registry, wakecap
-from .config import Config
+from .config import FILE_KNOBS, Config
 from .resolve import Target, Unreachable, resolve_box
 from .sdnotify import Notifier
 
@@ -288,9 +288,7 @@ class Daemon:
             new = new.with_(mail_root=self.cfg.mail_root, claude_config_dir=self.cfg.claude_config_dir,
                             state_dir=self.cfg.state_dir)
         changed = sorted(
-            k for k in ("wake_cap", "wake_half_life_s", "rescan_interval_s", "poke_timeout_s", "outstanding_limit_s",
-                        "session_min_interval_s", "debounce_ms", "step_ms", "log_level")
-            if getattr(new, k) != getattr(self.cfg, k)
+            field for field, _kind in FILE_KNOBS.values() if getattr(new, field) != getattr(self.cfg, field)
         )
         if new.log_level != self.cfg.log_level:
             from . import log as logmod
@@ -359,10 +357,10 @@ class Daemon:
         the registry appears.
         """
         root, reg = self.cfg.mail_root, self.cfg.registry_dir
+        self.sid_index = registry.session_index(reg)
         started = False
         while True:
             stop = threading.Event()
-            self.sid_index = registry.session_index(reg)
             paths = [str(root)]
             self.watching_registry = os.path.isdir(reg)
             if self.watching_registry:
@@ -737,7 +735,6 @@ class Daemon:
                 self.mark_dirty(handle)
         finally:
             box.in_flight = False
-            self.save_state()
 
 
 def _iso(ts: float) -> str:

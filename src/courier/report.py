@@ -38,13 +38,17 @@ class Row:
 
 
 def resolve_box(cfg: Config, handle: str, index: dict[str, list[int]]) -> Target | Unreachable:
+    return resolve_with_owner(cfg, handle, index)[1]
+
+
+def resolve_with_owner(cfg: Config, handle: str, index) -> tuple[mailbox.Owner | None, Target | Unreachable]:
     """As the daemon resolves it, plus the socket vetting the daemon does right before a poke."""
-    _owner, result = resolve.resolve_box(cfg.mail_root, cfg.registry_dir, handle, index, registry.own_pid_domain())
+    owner, result = resolve.resolve_box(cfg.mail_root, cfg.registry_dir, handle, index, registry.own_pid_domain())
     if isinstance(result, Target):
         problem = registry.vet_socket(result.socket_path)
         if problem:
-            return Unreachable(handle, problem, result.pid, result.session_id)
-    return result
+            return owner, Unreachable(handle, problem, result.pid, result.session_id)
+    return owner, result
 
 
 def load_snapshot(cfg: Config) -> dict:
@@ -73,12 +77,8 @@ def rows(cfg: Config, handles: list[str] | None = None) -> list[Row]:
             listing = mailbox.list_box(box)
         except OSError:
             continue
-        try:
-            owner = mailbox.read_owner(box)
-            runtime, opid, sid = owner.runtime, owner.pid, owner.session_id
-        except (OSError, mailbox.Unsafe):
-            runtime = opid = sid = None
-        result = resolve_box(cfg, handle, index)
+        owner, result = resolve_with_owner(cfg, handle, index)
+        runtime, opid, sid = (owner.runtime, owner.pid, owner.session_id) if owner else (None, None, None)
         level = wakecap.apply_operator_turn(table.get(handle), wakecap.operator_turn_at(cfg.state_dir, handle))
         info = snap.get(handle) if isinstance(snap.get(handle), dict) else {}
         out.append(
