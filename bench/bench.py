@@ -265,7 +265,8 @@ def burst_run(boxes: int, messages: int, sessions: int) -> dict:
         for i, h in enumerate(handles):
             w.claim(h, pids[i % sessions], f"fleet-{i % sessions}")
         log = w.root / "courier.log"
-        w.courier("--min-poke-interval", "0", log=log)
+        # The fleet shares each session among several boxes; the wake cap is per session, so lift it here.
+        w.courier("--min-poke-interval", "0", "--wake-cap", "1000", log=log)
         w.wait_ready(log)
         import random
 
@@ -327,7 +328,7 @@ def idle_and_memory(boxes: int, seconds: float, with_mail: bool = True) -> dict:
             if with_mail:
                 mailbox.drop_message(w.mail, box.name, sender="x", subject="y", body="z")
         log = w.root / "courier.log"
-        p = w.courier("--min-poke-interval", "0", *timing_args(), log=log)
+        p = w.courier("--min-poke-interval", "0", "--wake-cap", "1000", *timing_args(), log=log)
         w.wait_ready(log)
         # Idle means idle: wait until every box has been rung, then past the 3 s receipt checks.
         deadline = time.time() + 300

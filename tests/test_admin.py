@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from courier import admin
+from courier import service
 from conftest import wait_for
 
 REPO = Path(__file__).resolve().parents[1]
@@ -73,12 +73,19 @@ def test_spawn_settings_plain_and_merged(env):
     path = Path(p.stdout.strip())
     assert json.loads(path.read_text()) == {"crossSessionInbound": "accept"}
     theirs = env.root / "theirs.json"
-    mine = {"model": "m", "hooks": {"Stop": [{"hooks": [{"type": "command", "command": "x"}]}]}, "crossSessionInbound": "hold"}
+    mine = {"model": "m", "hooks": {"Stop": [{"hooks": [{"type": "command", "command": "x"}]}]}}
     theirs.write_text(json.dumps(mine))
     merged = Path(courier(env, "spawn-settings", "--merge", str(theirs)).stdout.strip())
     data = json.loads(merged.read_text())
     assert data["crossSessionInbound"] == "accept" and data["model"] == "m" and data["hooks"]["Stop"]
     assert json.loads(theirs.read_text()) == mine, "theirs untouched on disk"
+    for explicit in ("hold", "refuse"):
+        # A user's explicit, stricter policy is theirs to keep; courier says what it costs.
+        theirs.write_text(json.dumps(dict(mine, crossSessionInbound=explicit)))
+        p = courier(env, "spawn-settings", "--merge", str(theirs))
+        assert p.returncode == 0
+        assert json.loads(Path(p.stdout.strip()).read_text())["crossSessionInbound"] == explicit
+        assert f'"{explicit}"' in p.stderr and "next prompt" in p.stderr
     with_hooks = Path(courier(env, "spawn-settings", "--with-hooks").stdout.strip())
     assert "UserPromptSubmit" in json.loads(with_hooks.read_text())["hooks"]
 
@@ -107,7 +114,7 @@ def test_systemd_unit_verifies_and_matches_template(tmp_path):
     if shutil.which("systemd-analyze") is None:
         pytest.skip("systemd-analyze is not installed")
     rendered = tmp_path / "courier.service"
-    rendered.write_text(admin.systemd_unit([sys.executable, "-m", "courier"]))
+    rendered.write_text(service.systemd_unit([sys.executable, "-m", "courier"]))
     rt = tmp_path / "rt"
     rt.mkdir(mode=0o700)
     p = subprocess.run(["systemd-analyze", "verify", "--user", str(rendered)], capture_output=True, text=True,
@@ -122,7 +129,7 @@ def test_launchd_plist_round_trips():
     assert plistlib.loads(plistlib.dumps(data)) == data
     assert data["RunAtLoad"] is True and data["KeepAlive"] == {"SuccessfulExit": False}
     assert data["ProgramArguments"][-1] == "run" and data["ProcessType"] in ("Background", "Adaptive")
-    rendered = plistlib.loads(admin.launchd_plist(["/opt/courier"], Path("/Users/x")))
+    rendered = plistlib.loads(service.launchd_plist(["/opt/courier"], Path("/Users/x")))
     assert rendered["ProgramArguments"] == ["/opt/courier", "run"]
 
 

@@ -46,7 +46,7 @@ def test_kill9_mid_burst_then_restart(env, fleet, daemon):
         pid, sid = f.session_of(i)
         env.claim(h, pid, sid)
     notify, path = _ready_listener(env)
-    d = daemon("--min-poke-interval", "0", env_extra={"NOTIFY_SOCKET": path})
+    d = daemon("--min-poke-interval", "0", "--wake-cap", "1000", env_extra={"NOTIFY_SOCKET": path})
     _wait_ready(notify)
     burst = subprocess.Popen([sys.executable, str(HERE / "burst.py"), str(env.mail), "5000", *handles],
                              env=env.vars(), stdout=subprocess.PIPE, text=True)
@@ -59,7 +59,7 @@ def test_kill9_mid_burst_then_restart(env, fleet, daemon):
     assert total == 5000
     queued = _queued_boxes(env, handles)
     restart_at = time.time()
-    d2 = daemon("--min-poke-interval", "0", wait_ready=False, env_extra={"NOTIFY_SOCKET": path})
+    d2 = daemon("--min-poke-interval", "0", "--wake-cap", "1000", wait_ready=False, env_extra={"NOTIFY_SOCKET": path})
     ready_at = _wait_ready(notify)
     wait_for(lambda: {r["box"] for r in f.rings() if r["at"] >= restart_at} >= queued, timeout=10,
              what="every queued box rung after restart")
@@ -85,7 +85,7 @@ def test_twenty_random_kills_during_bursts(env, fleet, daemon):
         env.claim(h, pid, sid)
     written = 0
     for cycle in range(20):
-        d = daemon("--min-poke-interval", "0")
+        d = daemon("--min-poke-interval", "0", "--wake-cap", "1000")
         burst = subprocess.Popen([sys.executable, str(HERE / "burst.py"), str(env.mail), "300", *handles],
                                  env=env.vars(), stdout=subprocess.PIPE, text=True)
         time.sleep(rng.uniform(0.0, 0.6))
@@ -96,7 +96,7 @@ def test_twenty_random_kills_during_bursts(env, fleet, daemon):
         before = {h: snapshot(env.mail / h) for h in handles}
         queued = _queued_boxes(env, handles)
         t = time.time()
-        d2 = daemon("--min-poke-interval", "0")
+        d2 = daemon("--min-poke-interval", "0", "--wake-cap", "1000")
         wait_for(lambda: {r["box"] for r in f.rings() if r["at"] >= t} >= queued, timeout=10,
                  what=f"cycle {cycle}: every queued box rung")
         assert {h: snapshot(env.mail / h) for h in handles} == before

@@ -10,7 +10,7 @@ import threading
 import trio
 from hypothesis import given, settings, strategies as st
 
-from courier import doorbell
+from courier import doorbell, poke
 
 
 @given(ring=st.integers(0, 10**9), queued=st.integers(0, 10**6), handle=st.from_regex(r"[a-z0-9]{1,20}", fullmatch=True))
@@ -60,9 +60,9 @@ async def test_poke_accepting_peer(tmp_path):
         got.append(data)
         c.close()
 
-    t = threading.Thread(target=serve)
+    t = threading.Thread(target=serve, daemon=True)
     t.start()
-    r = await doorbell.poke(path, b'{"x":1}\n', expected_pid=os.getpid(), timeout=2)
+    r = await poke.poke(path, b'{"x":1}\n', expected_pid=os.getpid(), timeout=2)
     await trio.to_thread.run_sync(t.join)
     s.close()
     assert r.sent and r.reason is None
@@ -72,7 +72,7 @@ async def test_poke_accepting_peer(tmp_path):
 async def test_poke_refuses_other_pid(tmp_path):
     """The peer's credentials must be the pid the registry vouched for; otherwise nothing is written."""
     s, path = _listener(tmp_path)
-    r = await doorbell.poke(path, b"x\n", expected_pid=os.getpid() + 1, timeout=2)
+    r = await poke.poke(path, b"x\n", expected_pid=os.getpid() + 1, timeout=2)
     s.close()
     assert not r.sent and r.reason == "peer_pid_mismatch"
 
@@ -82,9 +82,9 @@ async def test_poke_refused_and_missing(tmp_path):
     d.mkdir(mode=0o700)
     bound = socket.socket(socket.AF_UNIX)
     bound.bind(str(d / "7.sock"))  # bound, not listening: ECONNREFUSED like a SIGKILLed session
-    r = await doorbell.poke(str(d / "7.sock"), b"x\n", expected_pid=None, timeout=2)
+    r = await poke.poke(str(d / "7.sock"), b"x\n", expected_pid=None, timeout=2)
     assert (r.sent, r.reason) == (False, "refused")
-    r = await doorbell.poke(str(d / "8.sock"), b"x\n", expected_pid=None, timeout=2)
+    r = await poke.poke(str(d / "8.sock"), b"x\n", expected_pid=None, timeout=2)
     assert (r.sent, r.reason) == (False, "socket_missing")
     bound.close()
 
@@ -98,9 +98,9 @@ async def test_poke_never_closing_peer_is_bounded(tmp_path, autojump_clock):
         c, _ = s.accept()
         conns.append(c)
 
-    t = threading.Thread(target=serve)
+    t = threading.Thread(target=serve, daemon=True)
     t.start()
-    r = await doorbell.poke(path, b"x\n", expected_pid=None, timeout=5)
+    r = await poke.poke(path, b"x\n", expected_pid=None, timeout=5)
     assert r.sent and r.reason == "eof_timeout"
     t.join()
     for c in conns:

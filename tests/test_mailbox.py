@@ -6,7 +6,7 @@ import stat
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from courier import mailbox
+from courier import mailbox, safeio
 
 
 def test_handle_shape():
@@ -65,7 +65,7 @@ def test_drop_is_atomic_private_and_conventional(tmp_path):
     p = mailbox.drop_message(tmp_path, "bob-1", sender="alice", subject="s", body="b", now_ms=1700000000000)
     assert p.parent == box and mailbox.valid_message_name(p.name)
     assert stat.S_IMODE(p.stat().st_mode) == 0o600
-    data = mailbox.read_json_object(p, 1 << 20)
+    data = safeio.read_json_object(p, 1 << 20)
     assert data == {"id": p.stem, "from": "alice", "to": "bob-1", "subject": "s", "body": "b", "sentAt": 1700000000000}
     assert [n for n in os.listdir(box) if n.startswith(".tmp")] == []
 
@@ -121,16 +121,16 @@ def test_box_symlink_is_not_followed(tmp_path):
 
 def test_read_bounded_refuses_fifo_symlink_and_big(tmp_path):
     os.mkfifo(tmp_path / "f.json")
-    with pytest.raises(mailbox.Unsafe) as e:
-        mailbox.read_bounded(tmp_path / "f.json", 100)
+    with pytest.raises(safeio.Unsafe) as e:
+        safeio.read_bounded(tmp_path / "f.json", 100)
     assert e.value.reason == "not_regular"
     os.symlink("/etc/passwd", tmp_path / "l.json")
-    with pytest.raises(mailbox.Unsafe) as e:
-        mailbox.read_bounded(tmp_path / "l.json", 100)
+    with pytest.raises(safeio.Unsafe) as e:
+        safeio.read_bounded(tmp_path / "l.json", 100)
     assert e.value.reason == "symlink"
     (tmp_path / "big.json").write_bytes(b"x" * 101)
-    with pytest.raises(mailbox.Unsafe) as e:
-        mailbox.read_bounded(tmp_path / "big.json", 100)
+    with pytest.raises(safeio.Unsafe) as e:
+        safeio.read_bounded(tmp_path / "big.json", 100)
     assert e.value.reason == "too_large"
 
 
@@ -141,6 +141,6 @@ def test_owner_parsing_never_crashes(tmp_path_factory, raw):
     (d / "owner.json").write_bytes(raw)
     try:
         o = mailbox.read_owner(d)
-    except mailbox.Unsafe:
+    except safeio.Unsafe:
         return
     assert o.pid is None or (isinstance(o.pid, int) and o.pid > 0)

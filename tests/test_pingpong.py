@@ -27,13 +27,13 @@ def _run_pair(env, fake_session, daemon, *daemon_args):
     time.sleep(WINDOW)
     a.kill()
     b.kill()
-    return d
+    return d, a, b
 
 
 def test_pingpong_is_bounded_by_cap_plus_decay(env, fake_session, daemon):
     """With the default cap of 3, pokes per recipient over six half-lives stay within the cap plus what decay allows,
     and the mail of the capped exchange stays queued."""
-    d = _run_pair(env, fake_session, daemon)
+    d, a, b = _run_pair(env, fake_session, daemon)
     pokes = {h: len(d.events("poke_sent", handle=h)) for h in ("ping-0001", "pong-0001")}
     # After reaching the cap, each further poke needs the level to fall from 3 to 2.
     per_poke = HALF * math.log2(3 / 2)
@@ -42,14 +42,17 @@ def test_pingpong_is_bounded_by_cap_plus_decay(env, fake_session, daemon):
     assert d.events("wake_capped")
     queued = sum(len(mailbox.list_box(env.mail / h).queued) for h in pokes)
     assert queued >= 1, "capped mail is held, not eaten"
+    # Nothing lost: one first message, plus one answer per doorbell a session received (each
+    # of the two sessions may have been killed between receiving its last line and answering it).
+    received = len(a.lines()) + len(b.lines())
     total_files = sum(len(mailbox.list_box(env.mail / h).queued) + len(list((env.mail / h / "read").iterdir()))
                       for h in pokes)
-    assert total_files == sum(pokes.values()) + 1 or total_files >= sum(pokes.values())
+    assert received - 1 <= total_files <= received + 1, (total_files, received)
 
 
 def test_without_the_cap_it_burns(env, fake_session, daemon):
     """The same loop with the brake released runs far past the bound: the cap is what stops it."""
-    d = _run_pair(env, fake_session, daemon, "--wake-cap", "1000")
+    d, _a, _b = _run_pair(env, fake_session, daemon, "--wake-cap", "1000")
     pokes = sum(len(d.events("poke_sent", handle=h)) for h in ("ping-0001", "pong-0001"))
     assert pokes > 60, pokes
 
@@ -89,7 +92,7 @@ def test_level_survives_restart_and_corrupt_state_is_conservative(env, fake_sess
     _ring_and_deliver(env, fs, box, d, times=3)
     assert d.stop() == 0
     state = json.loads((env.state / "wakecap.json").read_text())
-    assert state["boxes"]["rs-0001"]["level"] > 2.9
+    assert state["recipients"]["session:sess-rs"]["level"] > 2.9
     d2 = daemon("--wake-half-life", "1h")
     env.drop("rs-0001")
     d2.wait_event("wake_capped", handle="rs-0001")

@@ -13,7 +13,7 @@ import pytest
 import trio
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from courier import config, hooks, mailbox, report
+from courier import config, hooks, mailbox
 from conftest import wait_for
 
 # CI runs a short profile; COURIER_FUZZ=long runs >= 10,000 examples per target.
@@ -94,7 +94,20 @@ async def test_lost_watcher_events_are_caught_by_the_rescan(tmp_path, monkeypatc
                         rescan_interval_s=1.0).validated()
     log.configure("json", "error")
     d = dmod.Daemon(cfg, log.get())
-    d._on_changes = lambda changes: False  # the kernel dropped every event
+
+    class Blind:
+        """A watcher whose every event was lost (an overflow nobody reported)."""
+
+        name = "blind"
+
+        async def run(self, *, task_status=trio.TASK_STATUS_IGNORED):
+            task_status.started({"watcher": self.name})
+            await trio.sleep_forever()
+
+        def recheck(self):
+            pass
+
+    d.watcher = Blind()
     async with trio.open_nursery() as n:
         await n.start(d.run)
         t0 = time.monotonic()
@@ -194,7 +207,8 @@ def test_fuzz_deliver_never_crashes_escapes_or_leaks(tmp_path_factory, files, na
 @given(owner=JSON, record=JSON)
 @settings(max_examples=FUZZ, deadline=None, suppress_health_check=list(HealthCheck))
 def test_fuzz_owner_and_record_resolution(tmp_path_factory, owner, record):
-    """Arbitrary owner.json and registry records: resolution never raises and never yields an unvetted socket."""
+    """Arbitrary owner.json and registry records: resolution never raises, and a target is only ever the owner's
+    own session, at the pid of a record naming it."""
     root = tmp_path_factory.mktemp("fr")
     (root / "m" / "fr-0001").mkdir(parents=True)
     (root / "m" / "fr-0001" / "owner.json").write_text(json.dumps(owner))
@@ -203,11 +217,15 @@ def test_fuzz_owner_and_record_resolution(tmp_path_factory, owner, record):
     pid = owner.get("pid") if isinstance(owner, dict) and isinstance(owner.get("pid"), int) and 0 < owner["pid"] < 2**22 else os.getpid()
     (reg / f"{pid}.json").write_text(json.dumps(record))
     cfg = config.Config(mail_root=root / "m", claude_config_dir=root / "c", state_dir=root / "s")
-    result = report.resolve_box(cfg, "fr-0001", {})
-    if hasattr(result, "socket_path"):
-        from courier import registry
+    from courier import registry, resolve
 
-        assert registry.vet_socket(result.socket_path) is None
+    _owner, result = resolve.resolve_box(cfg.mail_root, reg, "fr-0001", registry.SessionIndex.build(reg),
+                                         registry.own_pid_domain())
+    assert isinstance(result, (resolve.Target, resolve.Unreachable))
+    if isinstance(result, resolve.Target):
+        assert isinstance(owner, dict) and owner.get("runtime") == "claude" and owner.get("retiredAt") is None
+        assert result.session_id == owner["sessionId"] == record["sessionId"]
+        assert result.pid == record["pid"] == pid
 
 
 @given(st.text(max_size=200))

@@ -80,12 +80,28 @@ def test_daemon_ready_watchdog_stopping(env, daemon, fake_session):
     assert d.proc.wait(3) == 0
 
 
-async def test_stuck_dispatcher_stops_the_pets(tmp_path, monkeypatch):
-    """A dispatcher stuck in one box lets the watchdog fire: pets stop."""
-    from courier import config, daemon as dmod, log
+async def test_wedged_loop_stops_the_pets(tmp_path, monkeypatch):
+    """A loop wedged inside one box (a blocking call) cannot pet the watchdog, so systemd restarts us;
+    a pinger on a thread would keep petting a dead loop."""
+    import threading
+    import time
+
+    from courier import config, daemon as dmod, log, mailbox
 
     path = str(tmp_path / "n.sock")
     s = _dgram(path)
+    pets: list[float] = []
+    done = threading.Event()
+
+    def listen():  # the supervisor's side, timestamping each pet as it arrives
+        while not done.is_set():
+            try:
+                if s.recv(100) == b"WATCHDOG=1":
+                    pets.append(time.monotonic())
+            except (socket.timeout, BlockingIOError):
+                continue
+
+    threading.Thread(target=listen, daemon=True).start()
     mail = tmp_path / "m"
     mail.mkdir(mode=0o700)
     (mail / "stuck-1").mkdir()
@@ -93,29 +109,33 @@ async def test_stuck_dispatcher_stops_the_pets(tmp_path, monkeypatch):
     log.configure("json", "error")
     notifier = sdnotify.Notifier(env={"NOTIFY_SOCKET": path, "WATCHDOG_USEC": "200000"})
     d = dmod.Daemon(cfg, log.get(), notifier=notifier)
-    stuck = trio.Event()
+    real = mailbox.list_box
+    wedge = {"on": False, "start": 0.0, "end": 0.0}
 
-    real_evaluate = d.evaluate
+    def list_box(box):
+        if wedge["on"]:
+            wedge["on"] = False
+            wedge["start"] = time.monotonic()
+            time.sleep(1.2)  # blocks the whole trio loop, as a wedged call would
+            wedge["end"] = time.monotonic()
+        return real(box)
 
-    async def evaluate(handle):
-        if stuck.is_set():
-            await trio.sleep_forever()
-        await real_evaluate(handle)
-
-    d.evaluate = evaluate
+    monkeypatch.setattr(mailbox, "list_box", list_box)
     async with trio.open_nursery() as n:
         await n.start(d.run)
         await trio.sleep(0.6)
-        before = _count(s)
-        stuck.set()
-        d.mark_dirty("stuck-1")
-        await trio.sleep(0.5)  # the last pets may still go out while progress is recent
-        _count(s)
-        await trio.sleep(0.8)
-        after = _count(s)
+        wedge["on"] = True
+        d.dispatcher.box_dirty(mail, "stuck-1")
+        await trio.sleep(2.0)
         n.cancel_scope.cancel()
-    assert before >= 3
-    assert after == 0
+    done.set()
+    assert wedge["end"] > wedge["start"] > 0, "the wedge happened"
+    inside = [t for t in pets if wedge["start"] + 0.05 < t < wedge["end"] - 0.01]
+    healthy_before = [t for t in pets if t < wedge["start"]]
+    healthy_after = [t for t in pets if t > wedge["end"] + 0.3]
+    assert len(healthy_before) >= 3  # every 0.1 s while healthy
+    assert inside == [], f"{len(inside)} pets while the loop was wedged"  # a thread would send ~12
+    assert len(healthy_after) >= 3, "pets resume when the loop does"
 
 
 def _count(s):

@@ -13,7 +13,7 @@ def test_three_quick_pokes_then_capped():
     lvl, now = wakecap.ZERO, 1000.0
     for _ in range(3):
         assert wakecap.allowed(lvl, now, 3, 600)
-        lvl = wakecap.after_poke(lvl, now, 600)
+        lvl = wakecap.after_wake(lvl, now, 600)
     assert not wakecap.allowed(lvl, now, 3, 600)
     when = wakecap.allowed_at(lvl, now, 3, 600)
     # 3 must decay to 2 (within the tolerance): about 600 * log2(3/2) seconds.
@@ -49,7 +49,7 @@ def test_level_never_exceeds_cap_whatever_the_poke_times(times, cap):
     lvl = wakecap.ZERO
     for t in sorted(times):
         if wakecap.allowed(lvl, t, cap, 600):
-            lvl = wakecap.after_poke(lvl, t, 600)
+            lvl = wakecap.after_wake(lvl, t, 600)
             assert lvl.value <= cap + wakecap.TOLERANCE
 
 
@@ -61,24 +61,55 @@ def test_operator_turn_resets(tmp_path):
     wakecap.record_operator_turn(tmp_path, "alice-1", now=123.0)
     assert wakecap.operator_turn_at(tmp_path, "alice-1") == 123.0
     assert wakecap.operator_turn_at(tmp_path, "nobody-1") is None
+    # By session: a turn in the session counts for every box it owns.
+    wakecap.record_operator_turn(tmp_path, "alice-1", "0190-aaaa", now=200.0)
+    assert wakecap.operator_turn_at(tmp_path, "other-box-1", "0190-aaaa") == 200.0
+    # A hostile session id never names a file.
+    wakecap.record_operator_turn(tmp_path, None, "../../etc/x", now=300.0)
+    assert not (tmp_path.parent / "etc").exists()
+    assert wakecap.operator_turn_names(None, "../x") == []
+
+
+def test_hostile_operator_turn_files_are_ignored(tmp_path):
+    """A 400-digit number, NaN or a nested bomb in an operator-turn file: no turn, no crash."""
+    d = tmp_path / wakecap.OPERATOR_DIR
+    d.mkdir()
+    for content in (b'{"at": ' + b"9" * 400 + b"}", b'{"at": NaN}', b"[" * 100000, b'{"at": 1e999}'):
+        (d / "bob-1").write_bytes(content)
+        assert wakecap.operator_turn_at(tmp_path, "bob-1") is None
 
 
 def test_persistence_round_trip_and_missing_file(tmp_path):
     table, problem = wakecap.load(tmp_path, 3, 10.0)
-    assert problem is None and table.get("a-1").value == 0
-    table.levels["a-1"] = Level(2.5, 9.0)
+    key = wakecap.session_key("0190-aaaa")
+    assert problem is None and table.get(key).value == 0
+    table.levels[key] = Level(2.5, 9.0)
     table.last_ring["a-1"] = 9.0
     table.ring = 41
     wakecap.save(tmp_path, table)
     again, problem = wakecap.load(tmp_path, 3, 10.0)
     assert problem is None
-    assert again.get("a-1") == Level(2.5, 9.0) and again.ring == 41 and again.last_ring["a-1"] == 9.0
+    assert again.get(key) == Level(2.5, 9.0) and again.ring == 41 and again.last_ring["a-1"] == 9.0
     assert oct((tmp_path / "wakecap.json").stat().st_mode & 0o777) == "0o600"
+
+
+def test_per_box_state_of_version_1_is_migrated(tmp_path):
+    """Levels saved per box by an older courier load as `box:` keys (merged into the session at its next look)."""
+    (tmp_path / "wakecap.json").write_text(json.dumps(
+        {"version": 1, "ring": 7, "default": {"level": 0, "at": 0},
+         "boxes": {"a-1": {"level": 2.0, "at": 100.0, "lastRing": 100.0}}}))
+    table, problem = wakecap.load(tmp_path, 3, 110.0)
+    assert problem is None and table.ring == 7
+    assert table.get(wakecap.box_key("a-1")) == Level(2.0, 100.0) and table.last_ring["a-1"] == 100.0
+    merged = wakecap.merge(Level(1.0, 100.0), table.get(wakecap.box_key("a-1")), 100.0, 600)
+    assert merged == Level(2.0, 100.0)
 
 
 def test_corrupt_state_is_conservative(tmp_path):
     """A corrupt state file: every recipient starts at the cap, decaying from now (a crash loop cannot reset the brake)."""
-    for content in (b"{not json", b"[]", json.dumps({"version": 1, "boxes": {"../x": {}}}).encode(), b"\xff\xfe"):
+    for content in (b"{not json", b"[]", json.dumps({"version": 1, "boxes": {"../x": {}}}).encode(), b"\xff\xfe",
+                    b'{"version": 2, "ring": ' + b"9" * 400 + b"}", b"[" * 60000,
+                    json.dumps({"version": 2, "recipients": {"session:../x": {"level": 1, "at": 1}}}).encode()):
         (tmp_path / "wakecap.json").write_bytes(content)
         table, problem = wakecap.load(tmp_path, 3, 500.0)
         assert problem
@@ -89,6 +120,6 @@ def test_corrupt_state_is_conservative(tmp_path):
 def test_is_doorbell():
     from courier import doorbell
 
-    assert wakecap.is_doorbell(doorbell.text(1, 2, "/m/x"))
-    assert not wakecap.is_doorbell("please fix the bug")
-    assert not wakecap.is_doorbell(None)
+    assert doorbell.is_doorbell(doorbell.text(1, 2, "/m/x"))
+    assert not doorbell.is_doorbell("please fix the bug")
+    assert not doorbell.is_doorbell(None)

@@ -11,15 +11,15 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Mapping
 
+from .paths import claude_config_dir, home, mail_root, registry_dir, state_dir
+
+
 class ConfigError(ValueError):
     """A setting that makes no sense: reported at start-up, never silently defaulted."""
-
-
-from .paths import claude_config_dir, mail_root, registry_dir, state_dir  # noqa: E402,F401  (re-exported)
 
 
 @dataclass(frozen=True)
@@ -27,6 +27,7 @@ class Config:
     mail_root: Path
     claude_config_dir: Path
     state_dir: Path
+    extra_mail_roots: tuple = ()  # more roots served by the same daemon (helm suites)
     # watchfiles' 1600 ms default debounce would make every doorbell late (DESIGN §7).
     # Its watch loop also wakes every step_ms while idle: latency ~1.5 x step, idle CPU
     # ~3 %/step_ms of a core (measured, research/decisions.md). 10 ms notices a drop
@@ -41,14 +42,24 @@ class Config:
     session_min_interval_s: float = 2.0
     wake_cap: int = 3
     wake_half_life_s: float = 600.0
-    max_concurrent_pokes: int = 64
+    watcher: str = "auto"
     log_format: str = "json"
     log_level: str = "info"
-    extra: dict = field(default_factory=dict, compare=False)
+    config_file: Path | None = None
 
     @property
     def registry_dir(self) -> Path:
         return registry_dir(self.claude_config_dir)
+
+    @property
+    def mail_roots(self) -> tuple:
+        """Every root this daemon serves, the primary first, each once."""
+        seen, out = set(), []
+        for root in (self.mail_root, *self.extra_mail_roots):
+            if root not in seen:
+                seen.add(root)
+                out.append(root)
+        return tuple(out)
 
     def validated(self) -> "Config":
         def positive(name: str, value: float) -> None:
@@ -75,8 +86,8 @@ class Config:
         for name, value in (("debounce", self.debounce_ms), ("step", self.step_ms)):
             if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 5000:
                 raise ConfigError(f"{name} must be 1..5000 ms, got {value!r}")
-        if self.max_concurrent_pokes < 1:
-            raise ConfigError("max concurrent pokes must be >= 1")
+        if self.watcher not in ("auto", "inotify", "watchfiles"):
+            raise ConfigError(f"watcher must be auto, inotify or watchfiles, got {self.watcher!r}")
         if self.log_format not in ("json", "console"):
             raise ConfigError(f"log format must be json or console, got {self.log_format!r}")
         if self.log_level not in ("debug", "info", "warning", "error"):
@@ -140,6 +151,7 @@ FILE_KNOBS = {
     "debounce_ms": ("debounce_ms", "int"),
     "step_ms": ("step_ms", "int"),
     "log_level": ("log_level", "str"),
+    "watcher": ("watcher", "str"),
 }
 FILE_PATHS = {"mail_dir", "claude_config_dir", "state_dir"}
 
@@ -149,13 +161,8 @@ def default_config_file(env: Mapping[str, str]) -> Path:
     if explicit:
         return Path(explicit).expanduser()
     xdg = env.get("XDG_CONFIG_HOME", "").strip()
-    base = Path(xdg).expanduser() if xdg else _home_of(env) / ".config"
+    base = Path(xdg).expanduser() if xdg else home(env) / ".config"
     return base / "courier" / "config.toml"
-
-
-def _home_of(env: Mapping[str, str]) -> Path:
-    home = env.get("HOME", "").strip()
-    return Path(home) if home else Path.home()
 
 
 def load_file(path: Path) -> tuple[dict, dict]:
@@ -205,7 +212,11 @@ def build(
     state: str | None = None,
     **flag_knobs,
 ) -> Config:
-    """Defaults < config file < flags; paths: flag < file < environment rules."""
+    """Defaults < config file < flags; paths: flag < file < environment rules.
+
+    Every command builds its configuration here, so `send`, `status` and `doctor` look
+    at the same mail root and state dir as the `run` they talk about.
+    """
     env = os.environ if env is None else env
     path = Path(config_file).expanduser() if config_file else default_config_file(env)
     if config_file and not path.exists():
@@ -220,4 +231,4 @@ def build(
         state=state or file_paths.get("state_dir"),
         **knobs,
     )
-    return replace(cfg, extra={"config_file": str(path)})
+    return replace(cfg, config_file=path)

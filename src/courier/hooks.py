@@ -22,11 +22,11 @@ import json
 import os
 import sys
 import time
-import unicodedata
 from pathlib import Path
 from typing import Mapping
 
-from . import lockfile, mailbox, paths, registry, wakecap
+from . import doorbell, lockfile, mailbox, paths, registry, safeio, wakecap
+from .text import one_line
 
 NAME = "courier"
 FROM_MAX = 64
@@ -36,24 +36,6 @@ MAX_PAYLOAD = 1 << 20
 
 
 # ---------------------------------------------------------------- small pieces
-
-
-def one_line(value: object, limit: int, missing: str) -> str:
-    """Collapse to one printable line of at most `limit` characters.
-
-    Control, format (bidi overrides) and separator characters become spaces, so
-    nothing in a field can forge a line of the notice or steer a terminal.
-    """
-    if not isinstance(value, str):
-        return missing
-    out = []
-    for ch in value[: limit * 8]:
-        cat = unicodedata.category(ch)
-        out.append(" " if cat[0] in ("C", "Z") else ch)
-    text = " ".join("".join(out).split())
-    if not text:
-        return missing
-    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 class HookLog:
@@ -86,35 +68,29 @@ def read_payload(stream) -> dict | None:
     if len(raw) > MAX_PAYLOAD:
         return None
     try:
-        data = json.loads(raw.decode("utf-8") or "{}")
-    except (UnicodeDecodeError, ValueError):
+        data = safeio.loads(raw or b"{}", allow_surrogates=True)
+    except safeio.Unsafe:
         return None
     return data if isinstance(data, dict) else None
 
 
-def registry_pid_for(reg: Path, session_id: str) -> int | None:
+def registry_pid_for(reg: Path, session_id: str, index: registry.SessionIndex | None = None) -> int | None:
     """The live pid Claude's registry lists for this session, if any."""
-    for pid in registry.session_index(reg).get(session_id, ()):
+    index = registry.SessionIndex.build(reg) if index is None else index
+    for name in sorted(index.names_for(session_id, None)):
         try:
-            rec = registry.read_record(reg, pid)
+            rec = registry.read_record(reg, name)
         except (OSError, registry.BadRecord):
             continue
-        if registry.liveness_problem(rec, registry.live_start_of(rec), registry.own_pid_domain()) is None:
+        if rec.session_id == session_id and registry.check_liveness(rec) is None:
             return rec.pid
     return None
 
 
-def owner_gone(owner: mailbox.Owner, reg: Path, index: dict[str, list[int]]) -> bool:
+def owner_gone(owner: mailbox.Owner, reg: Path, index: registry.SessionIndex) -> bool:
     """The convention's judgement; silence (no registry row) is never evidence of death."""
-    for pid in index.get(owner.session_id or "", ()):
-        try:
-            rec = registry.read_record(reg, pid)
-        except (OSError, registry.BadRecord):
-            continue
-        if rec.session_id == owner.session_id and registry.pid_exists(rec.pid):
-            live = registry.live_start_of(rec)
-            if rec.proc_start is None or live == rec.proc_start:
-                return False
+    if owner.session_id and registry_pid_for(reg, owner.session_id, index) is not None:
+        return False
     if owner.pid is None:
         return False
     if not registry.pid_exists(owner.pid):
@@ -136,7 +112,7 @@ def read_owners(root: Path) -> dict[str, mailbox.Owner | None]:
     for handle in handles:
         try:
             owners[handle] = mailbox.read_owner(root / handle)
-        except (OSError, mailbox.Unsafe):
+        except (OSError, safeio.Unsafe, mailbox.Damaged):
             owners[handle] = None
     return owners
 
@@ -160,7 +136,7 @@ def claim(env: Mapping[str, str], payload: dict, out, log: HookLog) -> int:
     root = paths.mail_root(env)
     reg = paths.registry_dir(paths.claude_config_dir(env))
     os.makedirs(root, mode=0o700, exist_ok=True)
-    index = registry.session_index(reg)
+    index = registry.SessionIndex.build(reg)
     owners = read_owners(root)  # one pass serves finding, deriving and retiring
 
     handle = find_mine(root, session_id, owners)
@@ -181,9 +157,9 @@ def claim(env: Mapping[str, str], payload: dict, out, log: HookLog) -> int:
             log("hook_claim_refused", level="warning", reason="reserved_or_invalid_handle")
             return 0
     box = mailbox.box_dir(root, handle)
-    mailbox.ensure_dir(box / mailbox.READ_DIR)
+    mailbox.ensure_box(root, handle)
 
-    pid = registry_pid_for(reg, session_id)
+    pid = registry_pid_for(reg, session_id, index)
     owner = {
         "handle": handle,
         "runtime": "claude",
@@ -194,7 +170,7 @@ def claim(env: Mapping[str, str], payload: dict, out, log: HookLog) -> int:
     }
     if not pid:
         owner["pidIsProvisional"] = True
-    mailbox.write_json_atomic(box / mailbox.OWNER_FILE, owner)
+    mailbox.write_owner(box, owner)
     log("hook_claimed", handle=handle, pid=owner["pid"], session_id=session_id, provisional=not pid)
 
     retire_gone(root, handle, reg, index, log, owners)
@@ -231,13 +207,17 @@ def retire_gone(root: Path, mine: str, reg: Path, index, log: HookLog, owners: d
 # ---------------------------------------------------------------- deliver
 
 
+def notice_entry(sender: str, subject: str, path: str) -> str:
+    """One message's lines in the notice (the size budget is computed from this very text)."""
+    return f"  from {sender} (unverified) — {subject}\n    {path}"
+
+
 def render_notice(root: Path, handle: str, shown: list[tuple[str, str, str]], more: int, daemon_running: bool) -> str:
     """shown: (from, subject, path-in-read) already sanitised. No body, ever."""
     count = len(shown) + more
     lines = [f"{NAME}: {count} message{'s' if count != 1 else ''} arrived in your mailbox ({handle})."]
     for sender, subject, path in shown:
-        lines.append(f"  from {sender} (unverified) — {subject}")
-        lines.append(f"    {path}")
+        lines.append(notice_entry(sender, subject, path))
     if more:
         lines.append(f"  … and {more} more, left queued in {root / handle}/ for your next prompt.")
     lines.append("")
@@ -255,9 +235,11 @@ def render_notice(root: Path, handle: str, shown: list[tuple[str, str, str]], mo
 
 def _message_fields(path: Path) -> tuple[str, str]:
     try:
-        data = mailbox.read_json_object(path, mailbox.MAX_MESSAGE_BYTES)
-    except mailbox.Unsafe as exc:
+        data = safeio.read_json_object(path, mailbox.MAX_MESSAGE_BYTES, allow_surrogates=True)
+    except safeio.Unsafe as exc:
         return "(unknown sender)", f"(unreadable message: {exc.reason})"
+    except OSError as exc:
+        return "(unknown sender)", f"(unreadable message: errno {exc.errno})"
     return one_line(data.get("from"), FROM_MAX, "(unknown sender)"), one_line(
         data.get("subject"), SUBJECT_MAX, "(no subject)"
     )
@@ -278,10 +260,10 @@ def deliver(env: Mapping[str, str], payload: dict, out, log: HookLog) -> int:
     box = mailbox.box_dir(root, handle)
 
     prompt = payload.get("prompt")
-    doorbell = wakecap.is_doorbell(prompt)
-    if not doorbell:
+    rung = doorbell.is_doorbell(prompt)
+    if not rung:
         try:
-            wakecap.record_operator_turn(state, handle)
+            wakecap.record_operator_turn(state, handle, session_id)
         except OSError:
             pass
 
@@ -293,9 +275,9 @@ def deliver(env: Mapping[str, str], payload: dict, out, log: HookLog) -> int:
                 fixed = dict(owner.raw)
                 fixed["pid"] = pid
                 fixed.pop("pidIsProvisional", None)
-                mailbox.write_json_atomic(box / mailbox.OWNER_FILE, fixed)
+                mailbox.write_owner(box, fixed)
                 log("hook_pid_repaired", handle=handle, pid=pid, session_id=session_id)
-    except (OSError, mailbox.Unsafe):
+    except (OSError, safeio.Unsafe, mailbox.Damaged):
         pass
 
     try:
@@ -312,7 +294,7 @@ def deliver(env: Mapping[str, str], payload: dict, out, log: HookLog) -> int:
     for name in listing.queued:
         sender, subject = _message_fields(box / name)
         entry = (sender, subject, str(read_dir / name))
-        size = len(f"  from {sender} (unverified) — {subject}\n    {read_dir / name}\n".encode())
+        size = len(notice_entry(*entry).encode()) + 1
         if size > budget:
             break
         budget -= size
@@ -334,7 +316,7 @@ def deliver(env: Mapping[str, str], payload: dict, out, log: HookLog) -> int:
         shown=len(names),
         consumed=consumed,
         left=more,
-        doorbell=doorbell,
+        doorbell=rung,
     )
     return 0
 

@@ -23,7 +23,7 @@ class Locked(Exception):
 def acquire(state_dir: Path) -> int:
     """Take the lock or raise Locked(holder pid). Returns the fd to keep open for our lifetime."""
     os.makedirs(state_dir, mode=0o700, exist_ok=True)
-    fd = os.open(state_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    fd = os.open(state_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -38,7 +38,7 @@ def acquire(state_dir: Path) -> int:
 def holder(state_dir: Path) -> int | None:
     """The pid of the running courier for this state dir, -1 if unknown, None if none runs."""
     try:
-        fd = os.open(state_dir / LOCK_FILE, os.O_RDONLY | os.O_CLOEXEC)
+        fd = os.open(state_dir / LOCK_FILE, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
     except OSError:
         return None
     try:

@@ -1,9 +1,12 @@
 """structlog configuration: one JSON object per line for machines, console rendering for people.
 
 Trust: log lines carry handles, pids, session ids, reasons and counts; never a
-message body, subject or `from` (those are hostile and may be private).
+message body, subject or `from` (those are hostile and may be private). Strings a
+peer controls are escaped by their callers (text.escape) before they get here.
 Logs: this is the logger.
 Limits: structlog's native filtering logger, not the stdlib, for speed (structlog docs/performance.md).
+Loggers from `get()` are lazy proxies: a reconfiguration (SIGHUP changing the level)
+reaches every component that holds one.
 """
 
 from __future__ import annotations
@@ -45,4 +48,5 @@ def configure(fmt: str = "json", level: str = "info", stream: TextIO | None = No
 
 
 def get(**context):
-    return structlog.get_logger().bind(**context)
+    """A lazy logger: it reads the current configuration at each call."""
+    return structlog.get_logger(**context)

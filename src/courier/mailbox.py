@@ -1,28 +1,28 @@
-"""The helm file-mailbox convention on disk: names, boxes, owners, drops and consumes.
+"""The helm file-mailbox convention on disk: names, boxes, owners, listings, drops and consumes.
 
 Trust: every file in the mail root may have been written by a hostile same-user
-process. Handles and message names are validated against a fixed shape before
-any path is built from them; message files are opened without following
-symlinks and without blocking (a FIFO named x.json must not hang anyone); reads
-are bounded. This module never deletes mail and never modifies a message: the
-only mutation of mail is `consume`, a link into read/ plus unlink that exactly
-one process can win.
-Logs: nothing; callers log (this module is imported by the prompt hooks, which
-must stay stdlib-only).
-Limits: the convention's `from` is an unverified claim; nothing here pretends
-otherwise.
+process. A path is only ever built from a handle that passed `valid_handle` or a
+name read from a directory listing, never from file content. Boxes, `read/` and
+message files are opened relative to directory descriptors with O_NOFOLLOW, so no
+link (a symlinked box, a symlinked `read/`) can carry a consume or a claim outside
+the mail root. Messages are never opened here (counting needs only the listing).
+This module never deletes mail and never modifies a message: the only mutation of
+mail is `consume`, a link into read/ plus unlink that exactly one process can win.
+Logs: nothing; callers log (the prompt hooks import this module and stay stdlib-only).
+Limits: the convention's `from` is an unverified claim; nothing here pretends otherwise.
 """
 
 from __future__ import annotations
 
 import errno
-import json
 import os
 import re
 import stat
 import time
 from pathlib import Path
-from typing import Any, Callable, NamedTuple
+from typing import Callable, NamedTuple
+
+from . import safeio
 
 OWNER_FILE = "owner.json"
 READ_DIR = "read"
@@ -41,8 +41,19 @@ MAX_MESSAGE_BYTES = 1 << 20  # a body larger than 1 MiB is refused by `courier s
 MAX_OWNER_BYTES = 64 << 10
 
 
-def _hex(nbytes: int) -> str:
-    return os.urandom(nbytes).hex()  # `secrets` would import hashlib and random on the hook path
+class Damaged(Exception):
+    """A box whose shape would let a consume or claim leave the mail root (a symlinked box or read/)."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+FIXES = {
+    "box_is_symlink": "replace the link with a real directory holding the box's files",
+    "read_is_symlink": "replace read/ with a real directory (move the archived files into it)",
+    "read_not_directory": "move the file named read aside and create the directory read/",
+}
 
 
 def valid_handle(name: str) -> bool:
@@ -69,59 +80,93 @@ def box_dir(root: Path, handle: str) -> Path:
     return root / handle
 
 
-# ---------------------------------------------------------------- reading
+def root_problem(st: os.stat_result, uid: int | None = None) -> str | None:
+    """Why a mail root is unsafe to serve, or None. One rule for the daemon and `doctor`."""
+    uid = os.getuid() if uid is None else uid
+    if not stat.S_ISDIR(st.st_mode):
+        return "not a directory"
+    if st.st_uid != uid:
+        return f"owned by uid {st.st_uid}, not by this user (uid {uid})"
+    if st.st_mode & 0o022:
+        return f"writable by group or others (mode {stat.S_IMODE(st.st_mode):o}); any user could forge mail"
+    return None
 
 
-class Unsafe(Exception):
-    """A file that is not a plain regular file of ours to read (symlink, FIFO, dir, too big)."""
-
-    def __init__(self, reason: str):
-        super().__init__(reason)
-        self.reason = reason
+# ---------------------------------------------------------------- boxes by descriptor
 
 
-def read_bounded(path: Path, limit: int) -> bytes:
-    """Read a regular file without following a final symlink and without blocking on a FIFO."""
+def open_box(root: Path, handle: str) -> int:
+    """An O_NOFOLLOW descriptor for <root>/<handle>. Raises FileNotFoundError, NotADirectoryError,
+    Damaged("box_is_symlink"), or OSError."""
+    box = box_dir(root, handle)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        return safeio.open_dir_nofollow(box)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP or (exc.errno == errno.ENOTDIR and os.path.islink(box)):
+            raise Damaged("box_is_symlink") from None
+        raise
+
+
+def open_read_dir(box_fd: int, *, create: bool) -> int:
+    """An O_NOFOLLOW descriptor for read/ inside a box. Raises Damaged if read/ is a link or a file."""
+    if create:
+        try:
+            os.mkdir(READ_DIR, 0o700, dir_fd=box_fd)
+        except FileExistsError:
+            pass
+    try:
+        return safeio.open_dir_nofollow(READ_DIR, dir_fd=box_fd)
     except OSError as exc:
         if exc.errno == errno.ELOOP:
-            raise Unsafe("symlink") from None
-        if exc.errno == errno.ENXIO:  # a FIFO or socket with no writer
-            raise Unsafe("not_regular") from None
-        if exc.errno == errno.EISDIR:
-            raise Unsafe("not_regular") from None
+            raise Damaged("read_is_symlink") from None
+        if exc.errno == errno.ENOTDIR:
+            try:
+                st = os.lstat(READ_DIR, dir_fd=box_fd)
+            except OSError:
+                raise exc from None
+            raise Damaged("read_is_symlink" if stat.S_ISLNK(st.st_mode) else "read_not_directory") from None
         raise
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise Unsafe("not_regular")
-        if st.st_size > limit:
-            raise Unsafe("too_large")
-        chunks, total = [], 0
-        while True:
-            chunk = os.read(fd, min(65536, limit + 1 - total))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            total += len(chunk)
-            if total > limit:
-                raise Unsafe("too_large")
-        return b"".join(chunks)
-    finally:
-        os.close(fd)
 
 
-def read_json_object(path: Path, limit: int) -> dict:
-    """Parse a bounded JSON object; raises Unsafe with a reason for anything else."""
-    raw = read_bounded(path, limit)
+def read_dir_problem(box_fd: int) -> str | None:
+    """Why read/ cannot take a consume (Damaged reason), or None (absent counts as fine: it is created)."""
     try:
-        value = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError):
-        raise Unsafe("malformed_json") from None
-    if not isinstance(value, dict):
-        raise Unsafe("not_an_object")
-    return value
+        st = os.lstat(READ_DIR, dir_fd=box_fd)
+    except FileNotFoundError:
+        return None
+    except OSError:
+        return None
+    if stat.S_ISLNK(st.st_mode):
+        return "read_is_symlink"
+    if not stat.S_ISDIR(st.st_mode):
+        return "read_not_directory"
+    return None
+
+
+class _BoxFd:
+    """`with _BoxFd(box) as fd`: accepts a path (opened O_NOFOLLOW) or an fd the caller owns."""
+
+    def __init__(self, box: Path | int):
+        self.box = box
+        self.fd = -1
+
+    def __enter__(self) -> int:
+        if isinstance(self.box, int):
+            return self.box
+        try:
+            self.fd = safeio.open_dir_nofollow(self.box)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise Damaged("box_is_symlink") from None
+            raise
+        return self.fd
+
+    def __exit__(self, *exc) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+
+
+# ---------------------------------------------------------------- owners
 
 
 # NamedTuple, not dataclass: `dataclasses` pulls in `inspect` (~14 ms), and this module is on the hook path.
@@ -137,37 +182,33 @@ class Owner(NamedTuple):
     raw: dict
 
 
-def _int_or_none(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
-
-
-def _num_or_none(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return float(value)
-
-
-def _str_or_none(value: Any, limit: int = 4096) -> str | None:
-    return value if isinstance(value, str) and value and len(value) <= limit else None
-
-
 def parse_owner(data: dict) -> Owner:
     return Owner(
-        handle=_str_or_none(data.get("handle"), 256),
-        runtime=_str_or_none(data.get("runtime"), 64),
-        pid=_int_or_none(data.get("pid")),
-        session_id=_str_or_none(data.get("sessionId"), 256),
-        cwd=_str_or_none(data.get("cwd")),
-        claimed_at=_num_or_none(data.get("claimedAt")),
+        handle=safeio.short_str(data.get("handle"), 256),
+        runtime=safeio.short_str(data.get("runtime"), 64),
+        pid=safeio.positive_int(data.get("pid")),
+        session_id=safeio.short_str(data.get("sessionId"), 256),
+        cwd=safeio.short_str(data.get("cwd")),
+        claimed_at=safeio.finite_number(data.get("claimedAt")),
         provisional=data.get("pidIsProvisional") is True,
-        retired_at=_num_or_none(data.get("retiredAt")),
+        retired_at=safeio.finite_number(data.get("retiredAt")),
         raw=data,
     )
 
 
-def read_owner(box: Path) -> Owner:
-    """Raises FileNotFoundError when absent and Unsafe(reason) when unusable."""
-    return parse_owner(read_json_object(box / OWNER_FILE, MAX_OWNER_BYTES))
+def read_owner(box: Path | int) -> Owner:
+    """Raises FileNotFoundError when absent, Unsafe(reason) when unusable, Damaged for a symlinked box."""
+    with _BoxFd(box) as fd:
+        return parse_owner(safeio.read_json_object(OWNER_FILE, MAX_OWNER_BYTES, dir_fd=fd))
+
+
+def write_owner(box: Path | int, data: dict) -> None:
+    """Write owner.json atomically inside the box, never through a link."""
+    with _BoxFd(box) as fd:
+        safeio.write_json_atomic(OWNER_FILE, data, dir_fd=fd)
+
+
+# ---------------------------------------------------------------- listing
 
 
 class Listing(NamedTuple):
@@ -175,16 +216,15 @@ class Listing(NamedTuple):
     rejected: tuple[str, ...]  # *.json entries that are not safe mail (bad name, symlink, FIFO…)
 
 
-def list_box(box: Path) -> Listing:
-    """List one box. Raises FileNotFoundError/NotADirectoryError if the box is gone.
+def list_box(box: Path | int) -> Listing:
+    """List one box. Raises FileNotFoundError/NotADirectoryError if the box is gone, Damaged if it is a link.
 
     Never opens a message: counting needs only the directory, so a FIFO cannot block it.
     """
     queued, rejected = [], []
-    # A box that is a symlink is not followed: O_NOFOLLOW|O_DIRECTORY on the box itself.
-    fd = os.open(box, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    try:
-        with os.scandir(fd) as entries:
+    with _BoxFd(box) as fd:
+        # scandir closes the fd it is given: hand it a duplicate.
+        with os.scandir(os.dup(fd)) as entries:
             for entry in entries:
                 name = entry.name
                 if name.startswith(".") or name == OWNER_FILE or name == READ_DIR:
@@ -199,8 +239,6 @@ def list_box(box: Path) -> Listing:
                     queued.append(name)
                 else:
                     rejected.append(name)
-    finally:
-        os.close(fd)
     queued.sort()
     rejected.sort()
     return Listing(tuple(queued), tuple(rejected))
@@ -229,36 +267,26 @@ def list_handles(root: Path) -> tuple[list[str], list[str]]:
 # ---------------------------------------------------------------- writing
 
 
-def ensure_dir(path: Path, mode: int = 0o700) -> None:
-    os.makedirs(path, mode=mode, exist_ok=True)
-
-
-def write_json_atomic(path: Path, data: Any, *, fsync: bool = False) -> None:
-    """temp + rename in the same directory, mode 0600: a reader never sees half a file."""
-    temp = path.parent / f".tmp-{_hex(6)}"
-    payload = (json.dumps(data, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
-    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+def ensure_box(root: Path, handle: str) -> None:
+    """Create <root>/<handle>/read/ (0700) if missing, refusing links."""
     try:
-        try:
-            view = memoryview(payload)
-            while view:
-                view = view[os.write(fd, view) :]
-            if fsync:
-                os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.rename(temp, path)
-    except BaseException:
-        try:
-            os.unlink(temp)
-        except OSError:
-            pass
-        raise
+        os.mkdir(box_dir(root, handle), 0o700)
+    except FileExistsError:
+        pass
+    fd = open_box(root, handle)
+    try:
+        os.close(open_read_dir(fd, create=True))
+    finally:
+        os.close(fd)
 
 
 def new_message_name(now_ms: int | None = None) -> str:
     now_ms = int(time.time() * 1000) if now_ms is None else now_ms
-    return f"{now_ms}-{_hex(3)}.json"
+    return f"{now_ms}-{safeio.random_hex(3)}.json"
+
+
+def message(handle: str, *, sender: str, subject: str, body: str, name: str, now_ms: int) -> dict:
+    return {"id": name[: -len(".json")], "from": sender, "to": handle, "subject": subject, "body": body, "sentAt": now_ms}
 
 
 def drop_message(
@@ -271,20 +299,15 @@ def drop_message(
     now_ms: int | None = None,
 ) -> Path:
     """Write one convention message into <root>/<handle>/ via .tmp-* + rename. Returns its path."""
-    box = box_dir(root, handle)
     now_ms = int(time.time() * 1000) if now_ms is None else now_ms
     name = new_message_name(now_ms)
-    message = {
-        "id": name[: -len(".json")],
-        "from": sender,
-        "to": handle,
-        "subject": subject,
-        "body": body,
-        "sentAt": now_ms,
-    }
-    path = box / name
-    write_json_atomic(path, message)
-    return path
+    fd = open_box(root, handle)
+    try:
+        safeio.write_json_atomic(name, message(handle, sender=sender, subject=subject, body=body, name=name,
+                                               now_ms=now_ms), dir_fd=fd)
+    finally:
+        os.close(fd)
+    return box_dir(root, handle) / name
 
 
 def consume(box: Path, name: str) -> Path | None:
@@ -294,42 +317,56 @@ def consume(box: Path, name: str) -> Path | None:
     message of the same name, and "nothing is lost" covers read/ too. Of racing
     processes exactly one unlink succeeds; that process owns the consume. A link
     left behind by a crash between the two steps is finished by the next consumer.
+    Both steps are relative to O_NOFOLLOW descriptors: a symlinked read/ raises Damaged.
     """
     if not valid_message_name(name):
         return None
-    src = box / name
-    read = box / READ_DIR
-    ensure_dir(read)
-    dst = read / name
+    with _BoxFd(box) as fd:
+        rfd = open_read_dir(fd, create=True)
+        try:
+            won = consume_at(fd, rfd, name)
+        finally:
+            os.close(rfd)
+    return None if won is None else box / READ_DIR / won
+
+
+def consume_at(box_fd: int, read_fd: int, name: str) -> str | None:
+    """`consume` on open descriptors; returns the name the message has in read/, or None."""
+    if not valid_message_name(name):
+        return None
+    return _consume_at(box_fd, read_fd, name)
+
+
+def _consume_at(box_fd: int, read_fd: int, name: str) -> str | None:
+    dst = name
     try:
-        os.link(src, dst, follow_symlinks=False)
+        os.link(name, dst, src_dir_fd=box_fd, dst_dir_fd=read_fd, follow_symlinks=False)
     except FileExistsError:
         try:
-            same = os.path.samestat(os.lstat(src), os.lstat(dst))
+            same = os.path.samestat(os.lstat(name, dir_fd=box_fd), os.lstat(dst, dir_fd=read_fd))
         except FileNotFoundError:
             return None
         if not same:
             # A different message already archived under this name: keep both.
-            stem = name[: -len(".json")]
-            dst = read / f"{stem}-{_hex(3)}.json"
+            dst = f"{name[: -len('.json')]}-{safeio.random_hex(3)}.json"
             try:
-                os.link(src, dst, follow_symlinks=False)
+                os.link(name, dst, src_dir_fd=box_fd, dst_dir_fd=read_fd, follow_symlinks=False)
             except (FileNotFoundError, FileExistsError):
                 return None
     except FileNotFoundError:
         return None
     try:
-        os.unlink(src)
+        os.unlink(name, dir_fd=box_fd)
     except FileNotFoundError:
         return None
     return dst
 
 
-def retire(box: Path, owner_data: dict, now_ms: int | None = None) -> None:
+def retire(box: Path | int, owner_data: dict, now_ms: int | None = None) -> None:
     """Mark a box retired in owner.json. Never touches mail."""
     data = dict(owner_data)
     data["retiredAt"] = int(time.time() * 1000) if now_ms is None else now_ms
-    write_json_atomic(box / OWNER_FILE, data)
+    write_owner(box, data)
 
 
 def derive_handle(
@@ -360,3 +397,4 @@ def derive_handle(
         if not held_by_another(candidate):
             return candidate
     return handle if valid_handle(handle) and handle not in RESERVED_HANDLES else None
+

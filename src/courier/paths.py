@@ -14,9 +14,9 @@ from typing import Mapping
 _NO_SUITE = {"", "com.wirasm.helm", "helm"}
 
 
-def _home(env: Mapping[str, str]) -> Path:
-    home = env.get("HOME", "").strip()
-    return Path(home) if home else Path.home()
+def home(env: Mapping[str, str]) -> Path:
+    value = env.get("HOME", "").strip()
+    return Path(value) if value else Path.home()
 
 
 def mail_root(env: Mapping[str, str], flag: str | None = None) -> Path:
@@ -28,8 +28,8 @@ def mail_root(env: Mapping[str, str], flag: str | None = None) -> Path:
         return Path(override).expanduser().resolve()
     suite = env.get("HELM_DEFAULTS_SUITE", "").strip()
     if suite not in _NO_SUITE and "/" not in suite:
-        return _home(env) / ".helm" / f"mail-{suite}"
-    return _home(env) / ".helm" / "mail"
+        return home(env) / ".helm" / f"mail-{suite}"
+    return home(env) / ".helm" / "mail"
 
 
 def claude_config_dir(env: Mapping[str, str], flag: str | None = None) -> Path:
@@ -38,7 +38,7 @@ def claude_config_dir(env: Mapping[str, str], flag: str | None = None) -> Path:
     configured = env.get("CLAUDE_CONFIG_DIR", "").strip()
     if configured:
         return Path(configured).expanduser().resolve()
-    return _home(env) / ".claude"
+    return home(env) / ".claude"
 
 
 def state_dir(env: Mapping[str, str], flag: str | None = None) -> Path:
@@ -50,7 +50,7 @@ def state_dir(env: Mapping[str, str], flag: str | None = None) -> Path:
     xdg = env.get("XDG_STATE_HOME", "").strip()
     if xdg:
         return Path(xdg).expanduser().resolve() / "courier"
-    return _home(env) / ".local" / "state" / "courier"
+    return home(env) / ".local" / "state" / "courier"
 
 
 def registry_dir(config_dir: Path) -> Path:

@@ -1,12 +1,13 @@
-"""Claude Code's session registry: records by pid and by session id, and liveness as Claude judges it.
+"""Claude Code's session registry: records, the session index, liveness as Claude judges it, socket vetting.
 
 Trust: a record is written by whichever process owns the file and may be torn
-(Claude writes it in place), oversized or hostile. Reads are bounded to 256 KiB
-and never follow a symlink; every field is type-checked. A record never makes
-courier connect anywhere by itself: `vet_socket` decides that, from lstat data.
+(Claude writes it in place), oversized or hostile. Reads are bounded to 256 KiB,
+never follow a symlink and parse through `safeio`; every field is type-checked.
+A record never makes courier connect anywhere by itself: `vet_socket` decides
+that, from lstat data (a real socket, one link, ours, in a private directory).
 Logs: nothing; callers log the reasons this module returns.
-Limits: liveness on macOS compares `ps -o lstart=` as Claude does; only Linux
-is exercised by the tests.
+Limits: liveness on macOS rebuilds `ps -o lstart=` (UTC) from psutil's process
+start time; only Linux is exercised by the tests.
 """
 
 from __future__ import annotations
@@ -15,13 +16,16 @@ import os
 import re
 import stat
 import sys
+import time
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, Iterable, NamedTuple
 
-from . import mailbox
+from . import safeio
 
 MAX_RECORD_BYTES = 262_144  # Claude's own reader limit
-RECORD_NAME_RE = re.compile(r"^[1-9][0-9]{0,9}\.json$")
+# `<pid>.json` is what Claude writes; `<pid>-<suffix>.json` is tolerated (other tools
+# and future releases); the record itself must name the same pid.
+RECORD_NAME_RE = re.compile(r"^([1-9][0-9]{0,9})(?:-[A-Za-z0-9._-]{1,64})?\.json$")
 # Claude's socket basenames: <pid>.sock, <pid>-<8hex>.sock (pid-namespace clash), <=16 hex.
 SOCKET_NAME_RE = re.compile(r"^(?:[0-9]+(?:-[0-9a-f]{8})?|[0-9a-f]{1,16})\.sock$")
 MAX_SOCKET_PATH_BYTES = 103
@@ -39,6 +43,8 @@ class Record(NamedTuple):
     version: str | None
     kind: str | None
     started_at: float | None
+    peer_protocol: int | None = None
+    name: str | None = None  # the record's file name in sessions/
 
 
 class BadRecord(Exception):
@@ -47,12 +53,12 @@ class BadRecord(Exception):
         self.reason = reason
 
 
-def parse_record(data: Any, expect_pid: int | None = None) -> Record:
+def parse_record(data: Any, expect_pid: int | None = None, name: str | None = None) -> Record:
     """Type-check a registry record; raises BadRecord(reason)."""
     if not isinstance(data, dict):
         raise BadRecord("record_not_object")
-    pid = data.get("pid")
-    if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0:
+    pid = safeio.positive_int(data.get("pid"), 2**31)
+    if pid is None:
         raise BadRecord("record_bad_pid")
     if expect_pid is not None and pid != expect_pid:
         raise BadRecord("record_pid_mismatch")
@@ -68,7 +74,7 @@ def parse_record(data: Any, expect_pid: int | None = None) -> Record:
             raise BadRecord(f"record_bad_{key}")
         return value
 
-    started = data.get("startedAt")
+    protocol = data.get("peerProtocol")
     return Record(
         pid=pid,
         session_id=sid,
@@ -80,7 +86,9 @@ def parse_record(data: Any, expect_pid: int | None = None) -> Record:
         parked=data.get("parkedJobId") not in (None, "", False),
         version=opt_str("version", 64),
         kind=opt_str("kind", 64),
-        started_at=float(started) if isinstance(started, (int, float)) and not isinstance(started, bool) else None,
+        started_at=safeio.finite_number(data.get("startedAt")),
+        peer_protocol=protocol if isinstance(protocol, int) and not isinstance(protocol, bool) and 0 <= protocol < 1000 else None,
+        name=name,
     )
 
 
@@ -89,59 +97,159 @@ def record_path(registry: Path, pid: int) -> Path:
 
 
 def pid_of_record_name(name: str) -> int | None:
-    return int(name[:-5]) if RECORD_NAME_RE.match(name) else None
+    m = RECORD_NAME_RE.match(name)
+    return int(m.group(1)) if m else None
 
 
-def read_record_once(path: Path, expect_pid: int | None = None) -> Record:
-    """One bounded read. Raises FileNotFoundError, BadRecord('torn' etc.), mailbox.Unsafe."""
+def read_record_once(registry: Path, name: str) -> Record:
+    """One bounded read of sessions/<name>. Raises FileNotFoundError or BadRecord(reason)."""
+    pid = pid_of_record_name(name)
+    if pid is None:
+        raise BadRecord("record_bad_name")
     try:
-        data = mailbox.read_json_object(path, MAX_RECORD_BYTES)
-    except mailbox.Unsafe as exc:
-        if exc.reason in ("malformed_json", "not_an_object"):
-            raise BadRecord("record_torn") from None
+        data = safeio.read_json_object(registry / name, MAX_RECORD_BYTES)
+    except safeio.Unsafe as exc:
+        if exc.reason in ("malformed_json", "not_an_object", "not_utf8"):
+            raise BadRecord("record_torn") from None  # Claude writes in place: a half-written record
         raise BadRecord(f"record_{exc.reason}") from None
-    return parse_record(data, expect_pid)
+    except (IsADirectoryError, NotADirectoryError):
+        raise BadRecord("record_not_regular") from None
+    except PermissionError:
+        raise BadRecord("record_unreadable") from None
+    return parse_record(data, pid, name)
 
 
-def list_record_pids(registry: Path) -> list[int]:
-    pids = []
+def read_record(registry: Path, name_or_pid: str | int, sleep=time.sleep) -> Record:
+    """Read one record, re-reading once after 25 ms on a torn read (Claude writes in place).
+
+    Raises FileNotFoundError or BadRecord(reason).
+    """
+    name = f"{int(name_or_pid)}.json" if isinstance(name_or_pid, int) else name_or_pid
+    try:
+        return read_record_once(registry, name)
+    except BadRecord as exc:
+        if exc.reason != "record_torn":
+            raise
+    sleep(0.025)
+    return read_record_once(registry, name)
+
+
+def list_record_names(registry: Path) -> list[str]:
+    """Names in sessions/ shaped like records. Raises OSError if the directory cannot be listed."""
     with os.scandir(registry) as entries:
-        for entry in entries:
-            pid = pid_of_record_name(entry.name)
-            if pid is not None:
-                pids.append(pid)
-    return pids
+        return sorted(e.name for e in entries if RECORD_NAME_RE.match(e.name))
+
+
+# ---------------------------------------------------------------- the session index
+
+
+class SessionIndex:
+    """sessionId -> record names and pid -> record names, from every record that parses.
+
+    Kept up to date from watcher events (`update(names)`) and rebuilt at each rescan.
+    """
+
+    def __init__(self) -> None:
+        self.by_sid: dict[str, set[str]] = {}
+        self.by_pid: dict[int, set[str]] = {}
+        self._sid_of: dict[str, str] = {}
+
+    @classmethod
+    def build(cls, registry: Path) -> "SessionIndex":
+        index = cls()
+        try:
+            names = list_record_names(registry)
+        except OSError:
+            return index
+        index.update(registry, names)
+        return index
+
+    def update(self, registry: Path, names: Iterable[str]) -> set[str]:
+        """Re-read these record names; returns the session ids they named before or now."""
+        touched: set[str] = set()
+        for name in names:
+            pid = pid_of_record_name(name)
+            if pid is None:
+                continue
+            old = self._sid_of.pop(name, None)
+            if old is not None:
+                touched.add(old)
+                self._discard(self.by_sid, old, name)
+                self._discard(self.by_pid, pid, name)
+            try:
+                rec = read_record_once(registry, name)
+            except (OSError, BadRecord):
+                continue
+            self._sid_of[name] = rec.session_id
+            self.by_sid.setdefault(rec.session_id, set()).add(name)
+            self.by_pid.setdefault(pid, set()).add(name)
+            touched.add(rec.session_id)
+        return touched
+
+    @staticmethod
+    def _discard(table: dict, key, name: str) -> None:
+        names = table.get(key)
+        if names is not None:
+            names.discard(name)
+            if not names:
+                del table[key]
+
+    def names_for(self, session_id: str | None, pid: int | None) -> set[str]:
+        """Record names that may be this session's: those naming the session id, and those at the pid."""
+        names = set(self.by_sid.get(session_id or "", ()))
+        if pid:
+            names |= self.by_pid.get(pid, set()) or {f"{pid}.json"}
+        return names
+
+    def __len__(self) -> int:
+        return len(self._sid_of)
+
+
+def candidate_records(registry: Path, names: Iterable[str], read=None) -> tuple[list[Record], dict[int, str]]:
+    """Read these records; (records, {pid: reason}) for those that could not be used."""
+    read = read or (lambda name: read_record(registry, name))
+    found, problems = [], {}
+    for name in sorted(set(names)):
+        pid = pid_of_record_name(name)
+        if pid is None:
+            continue
+        try:
+            found.append(read(name))
+        except (FileNotFoundError, NotADirectoryError):
+            problems.setdefault(pid, "no_record")
+        except BadRecord as exc:
+            problems[pid] = exc.reason
+        except OSError:
+            problems[pid] = "record_unreadable"
+    return found, problems
 
 
 # ---------------------------------------------------------------- liveness
 
 
 def proc_start(pid: int) -> str | None:
-    """Claude's start token for a pid: Linux field 22 of /proc/<pid>/stat; None if gone."""
+    """Claude's start token for a pid; None if gone.
+
+    Linux: field 22 of /proc/<pid>/stat. macOS: `LC_ALL=C TZ=UTC ps -o lstart=`, rebuilt from
+    psutil's start time (the same second) rather than running `ps` inside the event loop.
+    """
     if sys.platform.startswith("linux"):
         try:
             with open(f"/proc/{int(pid)}/stat", "rb") as f:
                 raw = f.read().decode("ascii", "replace")
-        except (FileNotFoundError, ProcessLookupError, PermissionError):
+        except (OSError, ValueError, OverflowError):
             return None
         try:
             return raw[raw.rindex(")") + 2 :].split(" ")[19]
         except (ValueError, IndexError):
             return None
-    import subprocess  # macOS only; kept off the Linux hook path
+    import psutil  # off the Linux hook path
 
     try:
-        out = subprocess.run(
-            ["ps", "-o", "lstart=", "-p", str(int(pid))],
-            capture_output=True,
-            text=True,
-            timeout=2,
-            env={"LC_ALL": "C", "TZ": "UTC", "PATH": "/bin:/usr/bin"},
-        )
-    except (OSError, subprocess.TimeoutExpired):
+        started = psutil.Process(int(pid)).create_time()
+    except (psutil.Error, ValueError, OverflowError, OSError):
         return None
-    text = out.stdout.strip()
-    return text or None
+    return time.strftime("%a %b %e %H:%M:%S %Y", time.gmtime(int(started)))
 
 
 def pid_exists(pid: int) -> bool:
@@ -176,20 +284,31 @@ def own_pid_domain() -> str | None:
 
 
 def liveness_problem(record: Record, live_start: str | None, own_domain: str | None) -> str | None:
-    """Claude's own rule, pure: None if live, else a reason."""
+    """Claude's own rule, pure: None if the record's process is alive, else a reason.
+
+    A record without `procStart` (other tools, older releases) is judged by the pid alone;
+    `weak_evidence` says so, and the doorbell's pinned session id guards the rest.
+    """
     if record.pid_domain and own_domain and record.pid_domain != own_domain:
         return "foreign_pid_domain"
     if live_start is None:
         return "pid_dead"
-    if record.proc_start is None:
-        return "no_proc_start"
-    if str(record.proc_start) != str(live_start):
+    if record.proc_start is not None and str(record.proc_start) != str(live_start):
         return "pid_reused"
     return None
 
 
-def live_start_of(record: Record) -> str | None:
-    return proc_start(record.pid) if pid_exists(record.pid) else None
+def weak_evidence(record: Record) -> bool:
+    return record.proc_start is None
+
+
+def live_start_of(pid: int) -> str | None:
+    return proc_start(pid) if pid_exists(pid) else None
+
+
+def check_liveness(record: Record) -> str | None:
+    """`liveness_problem` with the live facts read from this machine."""
+    return liveness_problem(record, live_start_of(record.pid), own_pid_domain())
 
 
 # ---------------------------------------------------------------- socket vetting
@@ -219,11 +338,32 @@ def vet_socket_stats(sock: os.stat_result, parent: os.stat_result, uid: int) -> 
         return "not_a_socket"
     if sock.st_uid != uid:
         return "foreign_owner"
+    if sock.st_nlink != 1:
+        # A hard link to somebody else's socket, planted in a private directory.
+        return "socket_hard_linked"
     if stat.S_ISLNK(parent.st_mode) or not stat.S_ISDIR(parent.st_mode):
         return "socket_dir_not_directory"
     if parent.st_uid != uid:
         return "socket_dir_foreign_owner"
     if parent.st_mode & 0o077:
+        return "socket_dir_permissive"
+    return None
+
+
+def vet_socket_dir(directory: str, uid: int | None = None) -> str | None:
+    """A directory courier may bind a listener in: absolute, real, ours, private."""
+    uid = os.getuid() if uid is None else uid
+    if not directory.startswith("/"):
+        return "socket_path_not_absolute"
+    try:
+        st = os.lstat(directory)
+    except OSError:
+        return "socket_missing"
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        return "socket_dir_not_directory"
+    if st.st_uid != uid:
+        return "socket_dir_foreign_owner"
+    if st.st_mode & 0o077:
         return "socket_dir_permissive"
     return None
 
@@ -236,63 +376,14 @@ def vet_socket(path: str, uid: int | None = None) -> str | None:
         return problem
     try:
         sock = os.lstat(path)
-    except FileNotFoundError:
-        return "socket_missing"
-    except NotADirectoryError:
+    except (FileNotFoundError, NotADirectoryError):
         return "socket_missing"
     except PermissionError:
         return "permission"
+    except OSError:  # ELOOP in a parent, ENAMETOOLONG...
+        return "socket_missing"
     try:
         parent = os.lstat(os.path.dirname(path))
     except OSError:
         return "socket_missing"
     return vet_socket_stats(sock, parent, uid)
-
-
-def read_record(registry: Path, pid: int, sleep=None) -> Record:
-    """Read sessions/<pid>.json, re-reading once after 25 ms on a torn read (Claude writes in place).
-
-    Raises FileNotFoundError or BadRecord(reason).
-    """
-    path = record_path(registry, pid)
-    try:
-        return read_record_once(path, pid)
-    except BadRecord as exc:
-        if exc.reason != "record_torn":
-            raise
-    (sleep or __import__("time").sleep)(0.025)
-    return read_record_once(path, pid)
-
-
-def candidate_records(registry: Path, pids, read=None) -> tuple[list[Record], dict[int, str]]:
-    """Read the records at `pids`; (records, {pid: reason}) for those that could not be used."""
-    read = read or (lambda pid: read_record(registry, pid))
-    found, problems = [], {}
-    for pid in sorted(set(p for p in pids if p)):
-        try:
-            found.append(read(pid))
-        except FileNotFoundError:
-            problems[pid] = "no_record"
-        except NotADirectoryError:
-            problems[pid] = "no_record"
-        except BadRecord as exc:
-            problems[pid] = exc.reason
-        except PermissionError:
-            problems[pid] = "record_unreadable"
-    return found, problems
-
-
-def session_index(registry: Path) -> dict[str, list[int]]:
-    """sessionId -> pids, from every record that parses. Missing dir -> empty."""
-    index: dict[str, list[int]] = {}
-    try:
-        pids = list_record_pids(registry)
-    except (FileNotFoundError, NotADirectoryError, PermissionError):
-        return index
-    for pid in pids:
-        try:
-            rec = read_record_once(record_path(registry, pid), pid)
-        except (OSError, BadRecord):
-            continue
-        index.setdefault(rec.session_id, []).append(pid)
-    return index

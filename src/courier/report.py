@@ -13,10 +13,10 @@ import json
 import time
 from dataclasses import asdict, dataclass
 
-from . import mailbox, registry, wakecap
+from . import mailbox, registry, resolve, state, wakecap
 from .config import Config
-from . import resolve
 from .resolve import Target, Unreachable
+from .text import one_line
 
 
 @dataclass
@@ -37,50 +37,46 @@ class Row:
     last_receipt: dict | None
 
 
-def resolve_box(cfg: Config, handle: str, index: dict[str, list[int]]) -> Target | Unreachable:
-    return resolve_with_owner(cfg, handle, index)[1]
-
-
-def resolve_with_owner(cfg: Config, handle: str, index) -> tuple[mailbox.Owner | None, Target | Unreachable]:
+def resolve_with_owner(cfg: Config, root, handle: str, index) -> tuple[mailbox.Owner | None, Target | Unreachable]:
     """As the daemon resolves it, plus the socket vetting the daemon does right before a poke."""
-    owner, result = resolve.resolve_box(cfg.mail_root, cfg.registry_dir, handle, index, registry.own_pid_domain())
+    owner, result = resolve.resolve_box(root, cfg.registry_dir, handle, index, registry.own_pid_domain())
     if isinstance(result, Target):
+        if result.socket_path is None:
+            return owner, Unreachable(handle, "no_socket", result.pid, result.session_id)
         problem = registry.vet_socket(result.socket_path)
         if problem:
             return owner, Unreachable(handle, problem, result.pid, result.session_id)
     return owner, result
 
 
-def load_snapshot(cfg: Config) -> dict:
-    try:
-        return mailbox.read_json_object(cfg.state_dir / "status.json", 32 << 20)
-    except (OSError, mailbox.Unsafe):
-        return {}
-
-
 def rows(cfg: Config, handles: list[str] | None = None) -> list[Row]:
-    index = registry.session_index(cfg.registry_dir)
+    index = registry.SessionIndex.build(cfg.registry_dir)
     table, _problem = wakecap.load(cfg.state_dir, cfg.wake_cap, time.time())
-    snap = load_snapshot(cfg).get("boxes", {})
+    snap = state.read_status(cfg.state_dir).get("boxes", {})
     if not isinstance(snap, dict):
         snap = {}
+    root = cfg.mail_root
     if handles is None:
         try:
-            handles, _skipped = mailbox.list_handles(cfg.mail_root)
+            handles, _skipped = mailbox.list_handles(root)
         except FileNotFoundError:
             handles = []
     now = time.time()
     out = []
     for handle in handles:
-        box = mailbox.box_dir(cfg.mail_root, handle)
+        box = mailbox.box_dir(root, handle)
         try:
             listing = mailbox.list_box(box)
-        except OSError:
+        except (OSError, mailbox.Damaged):
             continue
-        owner, result = resolve_with_owner(cfg, handle, index)
+        owner, result = resolve_with_owner(cfg, root, handle, index)
         runtime, opid, sid = (owner.runtime, owner.pid, owner.session_id) if owner else (None, None, None)
-        level = wakecap.apply_operator_turn(table.get(handle), wakecap.operator_turn_at(cfg.state_dir, handle))
-        info = snap.get(handle) if isinstance(snap.get(handle), dict) else {}
+        key = wakecap.session_key(sid) if sid and wakecap.valid_key(wakecap.session_key(sid)) else wakecap.box_key(handle)
+        level = table.get(key)
+        if key not in table.levels and wakecap.box_key(handle) in table.levels:
+            level = table.levels[wakecap.box_key(handle)]  # not yet migrated by the daemon
+        level = wakecap.apply_operator_turn(level, wakecap.operator_turn_at(cfg.state_dir, handle, sid))
+        info = snap.get(str(box)) if isinstance(snap.get(str(box)), dict) else {}
         out.append(
             Row(
                 handle=handle,
@@ -103,10 +99,9 @@ def rows(cfg: Config, handles: list[str] | None = None) -> list[Row]:
 
 
 def _line(value, limit: int):
-    if not isinstance(value, str):
-        return value if isinstance(value, (int, float)) else None
-    text = "".join(ch if ch.isprintable() else "?" for ch in value)
-    return text if len(text) <= limit else text[: limit - 1] + "…"
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return value
+    return one_line(value, limit, None) if isinstance(value, str) else None
 
 
 def _ago(ts: float | None, now: float) -> str:

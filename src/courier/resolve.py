@@ -12,14 +12,14 @@ cannot check its liveness), although Claude itself would count it present.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 import errno
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Mapping
 
-from . import mailbox, registry
+from . import mailbox, registry, safeio
 from .mailbox import Owner
-from .registry import Record, liveness_problem
+from .registry import Record, SessionIndex, liveness_problem
 
 
 @dataclass(frozen=True)
@@ -27,9 +27,10 @@ class Target:
     handle: str
     pid: int
     session_id: str
-    socket_path: str
-    status: str | None = None
+    socket_path: str | None  # None: a live session with no messaging socket (the waiter may still wake it)
     version: str | None = None
+    protocol: int | None = None
+    weak: bool = False  # liveness judged by the pid alone (the record has no procStart)
 
 
 @dataclass(frozen=True)
@@ -47,7 +48,7 @@ def resolve(
     live_starts: Mapping[int, str | None],
     own_domain: str | None,
 ) -> Target | Unreachable:
-    """Decide who, if anyone, a doorbell for `handle` may ring.
+    """Decide who, if anyone, a wake for `handle` may reach.
 
     `owner` is the parsed owner.json or a reason it could not be read.
     `records` are every registry record that might be the owner's session: those
@@ -92,34 +93,43 @@ def resolve(
         return Unreachable(handle, problems[first.pid], first.pid, sid)
 
     # Two live records for one session (a resume in a second terminal): prefer the
-    # owner's pid, else the most recently started.
-    live.sort(key=lambda r: (r.pid != pid, -(r.started_at or 0.0), r.pid))
+    # owner's pid, then records with a socket, then the most recently started.
+    live.sort(key=lambda r: (r.pid != pid, r.socket_path is None, -(r.started_at or 0.0), r.pid))
     chosen = live[0]
-    if not chosen.socket_path:
-        return Unreachable(handle, "no_socket", chosen.pid, sid)
-    return Target(handle, chosen.pid, sid, chosen.socket_path, chosen.status, chosen.version)
+    return Target(handle, chosen.pid, sid, chosen.socket_path, chosen.version, chosen.peer_protocol,
+                  registry.weak_evidence(chosen))
+
+
+def read_owner_or_reason(root: Path, handle: str) -> Owner | str:
+    """owner.json of a box, or the reason it cannot be used (never raises on bad input)."""
+    try:
+        return mailbox.read_owner(mailbox.box_dir(root, handle))
+    except FileNotFoundError:
+        return "owner_missing"
+    except safeio.Unsafe as exc:
+        return f"owner_{exc.reason}"
+    except mailbox.Damaged as exc:
+        return exc.reason
+    except OSError as exc:
+        return f"owner_unreadable_{errno.errorcode.get(exc.errno or 0, 'oserror').lower()}"
 
 
 def resolve_box(
-    mail_root: Path, registry_dir: Path, handle: str, index: Mapping[str, list[int]], own_domain: str | None
+    mail_root: Path, registry_dir: Path, handle: str, index: SessionIndex, own_domain: str | None,
+    owner: Owner | str | None = None,
 ) -> tuple[Owner | None, Target | Unreachable]:
-    """Read the box's owner and the candidate records, then decide. Never raises on bad input.
+    """Read the box's owner (unless given) and the candidate records, then decide. Never raises on bad input.
 
     A torn record is re-read once after 25 ms (Claude writes records in place); that
     short sleep is the only blocking this does, and only on a torn read.
     """
-    try:
-        owner = mailbox.read_owner(mailbox.box_dir(mail_root, handle))
-    except FileNotFoundError:
-        return None, Unreachable(handle, "owner_missing")
-    except mailbox.Unsafe as exc:
-        return None, Unreachable(handle, f"owner_{exc.reason}")
-    except OSError as exc:
-        return None, Unreachable(handle, f"owner_unreadable_{errno.errorcode.get(exc.errno or 0, 'oserror')}")
-    pids = {owner.pid} if owner.pid else set()
-    pids.update(index.get(owner.session_id or "", ()))
-    records, problems = registry.candidate_records(registry_dir, pids)
-    live = {r.pid: registry.live_start_of(r) for r in records}
+    if owner is None:
+        owner = read_owner_or_reason(mail_root, handle)
+    if isinstance(owner, str):
+        return None, Unreachable(handle, owner)
+    names = index.names_for(owner.session_id, owner.pid)
+    records, problems = registry.candidate_records(registry_dir, names)
+    live = {r.pid: registry.live_start_of(r.pid) for r in records}
     result = resolve(handle, owner, records, live, own_domain)
     if isinstance(result, Unreachable) and result.reason == "no_record" and owner.pid in problems:
         # Say what was wrong with the owner's record rather than just "none".

@@ -1,0 +1,314 @@
+"""The dispatcher: a dirty set of boxes, their timers, one drain loop, and the per-box look around `decide`.
+
+Watcher events, registry changes, receipts and rescans only mark boxes dirty (or
+schedule a look); one loop drains the set one box at a time and yields between
+boxes, so a big pass never delays signals, receipts or a ring elsewhere by more
+than one box's work (Postfix's collapsed triggers, DESIGN §2).
+
+Trust: a box is named by a directory listing or a watcher event and validated
+before a path is built. Crash-only isolation: an unexpected exception while
+looking at one box, or while ringing it, is logged (`box_failed`, with the
+exception type and where) and that box alone is retried with back-off; every
+other box keeps being served. Nothing read from disk can end this loop.
+Logs: box_gone, box_damaged, box_failed, box_name_rejected, mail_root_unreadable,
+rescan_done, and through `decide`/`ring` every decision about a box.
+Limits: a box whose events the kernel drops is caught by the periodic rescan.
+"""
+
+from __future__ import annotations
+
+import errno
+import math
+import os
+import time
+import traceback
+from pathlib import Path
+from typing import NamedTuple
+
+import trio
+
+from . import decide, mailbox, registry
+from .decide import BoxState, Hold, Policy, Ring
+from .receipts import Note, Retry
+from .resolve import Target, resolve_box
+from .text import escape
+
+BACKOFF_MAX_S = 300.0
+LAST_WAKE_MAX = 50_000
+
+
+class BoxId(NamedTuple):
+    root: Path
+    handle: str
+
+
+class _World:
+    """What `decide` asks about one box, answered from disk and the daemon's tables."""
+
+    __slots__ = ("d", "box_id", "box")
+
+    def __init__(self, d: "Dispatcher", box_id: BoxId, box: BoxState):
+        self.d, self.box_id, self.box = d, box_id, box
+
+    def resolve(self):
+        owner, result = resolve_box(self.box_id.root, self.d.registry_dir, self.box_id.handle, self.d.sessions,
+                                    self.d.own_domain)
+        if owner is not None:
+            self.box.owner_pid, self.box.owner_sid = owner.pid, owner.session_id
+        return result
+
+    def last_wake(self, session_id: str) -> float | None:
+        return self.d.last_wake.get(session_id)
+
+    def receipt_block(self, target: Target, now: float) -> str | None:
+        receipts = self.d.receipts
+        return receipts.blocked(target.session_id, target.pid, now) if receipts is not None else None
+
+    def has_waiter(self, target: Target) -> bool:
+        waiters = self.d.waiters
+        return waiters is not None and waiters.has(target.session_id)
+
+    def level(self, recipient: str, target: Target, wall: float):
+        return self.d.store.level(recipient, self.box_id.handle, target.session_id, wall)
+
+
+class Dispatcher:
+    def __init__(self, roots, registry_dir: Path, store, ringer, log, policy: Policy, *,
+                 receipts=None, waiters=None, own_domain: str | None = None):
+        self.roots = [Path(r) for r in roots]
+        self.registry_dir = Path(registry_dir)
+        self.store = store
+        self.ringer = ringer
+        self.log = log
+        self.policy = policy
+        self.receipts = receipts
+        self.waiters = waiters
+        self.own_domain = own_domain
+        self.boxes: dict[BoxId, BoxState] = {}
+        self.dirty: set[BoxId] = set()
+        self.timers: dict[BoxId, float] = {}
+        self.last_wake: dict[str, float] = {}
+        self.sessions = registry.SessionIndex()
+        self.stats = ringer.stats
+        self.progress = 0.0  # daemon clock of the last step of the loop (the watchdog looks at it)
+        self.poke_nursery: trio.Nursery | None = None
+        self._kick = trio.Event()
+        self._skipped_logged: set[str] = set()
+
+    # ------------------------------------------------------------ the watcher's sink
+
+    def box_dirty(self, root: Path, handle: str) -> None:
+        self.dirty.add(BoxId(root, handle))
+        self._kick.set()
+
+    def registry_dirty(self, names) -> None:
+        """Refresh the session index for these record names (None: all) and look again at the
+        boxes with mail waiting whose owner they may be."""
+        if names is None:
+            self.sessions = registry.SessionIndex.build(self.registry_dir)
+            touched, pids = None, None
+        else:
+            touched = self.sessions.update(self.registry_dir, names)
+            pids = {registry.pid_of_record_name(n) for n in names}
+        for box_id, box in self.boxes.items():
+            if not box.queued or box.outstanding_since is not None or box.in_flight:
+                continue
+            if touched is None or box.owner_pid in pids or box.owner_sid in touched:
+                self.box_dirty(*box_id)
+
+    def rescan(self, reason: str) -> None:
+        self.mark_all()
+
+    # ------------------------------------------------------------ marking
+
+    def schedule(self, box_id: BoxId, due: float) -> None:
+        current = self.timers.get(box_id)
+        if current is None or due < current:
+            self.timers[box_id] = due
+            self._kick.set()
+
+    def mark_all(self) -> int:
+        """Every box of every root dirty (a rescan); returns how many boxes exist."""
+        seen: set[BoxId] = set()
+        skipped_now: set[str] = set()
+        for root in self.roots:
+            try:
+                handles, skipped = mailbox.list_handles(root)
+            except OSError as exc:
+                self.log.error("mail_root_unreadable", path=str(root), errno=exc.errno)
+                continue
+            seen.update(BoxId(root, h) for h in handles)
+            skipped_now.update(os.path.join(str(root), s) for s in skipped)
+        for box_id in seen | set(self.boxes):
+            self.box_dirty(*box_id)
+        for name in sorted(skipped_now - self._skipped_logged)[:20]:
+            self.log.warning("box_name_rejected", name=escape(name, 160), reason="not a valid handle or not a directory")
+        self._skipped_logged = skipped_now
+        return len(seen)
+
+    # ------------------------------------------------------------ the loop
+
+    async def run(self) -> None:
+        while True:
+            self.progress = trio.current_time()
+            if not self.dirty:
+                due = min(self.timers.values(), default=math.inf)
+                with trio.move_on_at(due):
+                    await self._kick.wait()
+                self._kick = trio.Event()
+                now = trio.current_time()
+                for box_id, when in list(self.timers.items()):
+                    if when <= now:
+                        del self.timers[box_id]
+                        self.dirty.add(box_id)
+            await self.drain()
+
+    async def drain(self) -> None:
+        """Look at every dirty box once, yielding between boxes."""
+        batch, self.dirty = self.dirty, set()
+        for box_id in sorted(batch):
+            await self.look(box_id)
+            self.progress = trio.current_time()
+            await trio.sleep(0)
+
+    def stamp(self) -> None:
+        self.progress = trio.current_time()
+
+    # ------------------------------------------------------------ one box
+
+    async def look(self, box_id: BoxId) -> None:
+        try:
+            self._look(box_id)
+        except Exception as exc:  # noqa: BLE001 - crash-only isolation: this box alone is retried
+            self._failed(box_id, exc)
+
+    def _failed(self, box_id: BoxId, exc: BaseException) -> None:
+        box = self.boxes.setdefault(box_id, BoxState())
+        box.failures += 1
+        box.in_flight = False
+        delay = min(BACKOFF_MAX_S, 2.0 ** box.failures)
+        frame = traceback.extract_tb(exc.__traceback__)[-1] if exc.__traceback__ else None
+        where = f"{os.path.basename(frame.filename)}:{frame.lineno}:{frame.name}" if frame else "?"
+        self.log.error("box_failed", handle=box_id.handle, error=type(exc).__name__, where=where,
+                       retry_in_s=delay, failures=box.failures)
+        self.schedule(box_id, trio.current_time() + delay)
+
+    def _look(self, box_id: BoxId) -> None:
+        root, handle = box_id
+        log = self.log.bind(handle=handle, **({"root": str(root)} if len(self.roots) > 1 else {}))
+        try:
+            fd = mailbox.open_box(root, handle)
+        except (FileNotFoundError, NotADirectoryError):
+            self._gone(box_id, log)
+            return
+        except mailbox.Damaged as exc:
+            self._damaged(box_id, exc.reason, log)
+            return
+        except OSError as exc:
+            log.error("box_unreadable", errno=exc.errno, reason=errno.errorcode.get(exc.errno or 0, "oserror"))
+            return
+        try:
+            listing = mailbox.list_box(fd)
+            damaged = mailbox.read_dir_problem(fd)
+        finally:
+            os.close(fd)
+        box = self.boxes.setdefault(box_id, BoxState())
+        if damaged != box.damaged:
+            box.damaged = damaged
+            if damaged:
+                log.warning("box_damaged", reason=damaged, fix=mailbox.FIXES[damaged],
+                            consequence="its mail is shown at each prompt but never moved to read/")
+        now = trio.current_time()
+        decision = decide.decide(box, listing, _World(self, box_id, box), now=now, wall=time.time(),
+                                 policy=self.policy, log=log)
+        box.failures = 0
+        if isinstance(decision, Ring):
+            self.last_wake[decision.target.session_id] = now
+            if len(self.last_wake) > LAST_WAKE_MAX:
+                self._prune_last_wake(now)
+            self.poke_nursery.start_soon(self._ring, box_id, box, decision, log)
+            return
+        if isinstance(decision, Hold):
+            self.stats["capped" if decision.reason == "wake_capped" else "fallbacks"] += 1
+            self.store.mark_dirty()
+        if decision.retry_at is not None:
+            self.schedule(box_id, decision.retry_at)
+
+    def _gone(self, box_id: BoxId, log) -> None:
+        if self.boxes.pop(box_id, None) is not None:
+            log.info("box_gone")
+        self.timers.pop(box_id, None)
+        if self.receipts is not None:
+            self.receipts.forget_box(box_id)
+
+    def _damaged(self, box_id: BoxId, reason: str, log) -> None:
+        box = self.boxes.setdefault(box_id, BoxState())
+        if box.damaged != reason:
+            box.damaged = reason
+            log.warning("box_damaged", reason=reason, fix=mailbox.FIXES[reason],
+                        consequence="courier does not ring it; its owner's prompt hook shows nothing from it")
+
+    def _prune_last_wake(self, now: float) -> None:
+        horizon = now - self.policy.min_interval
+        for sid in [s for s, at in self.last_wake.items() if at < horizon]:
+            del self.last_wake[sid]
+
+    async def _ring(self, box_id: BoxId, box: BoxState, decision: Ring, log) -> None:
+        log = log.bind(pid=decision.target.pid, session_id=decision.target.session_id)
+        try:
+            outcome = await self.ringer.ring(box_id, decision, log)
+        except Exception as exc:  # noqa: BLE001 - one ring must never end the daemon
+            self._failed(box_id, exc)
+            return
+        finally:
+            box.in_flight = False
+        now = trio.current_time()
+        note = ("rung", outcome.ring) if outcome.sent else ("failed", outcome.reason, box.queued)
+        decide.after_ring(box, decision, outcome.sent, outcome.reason, now, note)
+        self.store.mark_dirty()
+        if outcome.sent:
+            self.schedule(box_id, now + self.policy.outstanding_limit)
+            # Mail may have moved while we rang; look again. A failure waits for the
+            # next event, registry change or rescan instead of retrying in a loop.
+            self.box_dirty(*box_id)
+
+    # ------------------------------------------------------------ receipts' effects
+
+    def apply(self, effects) -> None:
+        for effect in effects:
+            box = self.boxes.get(effect.box)
+            if box is None:
+                continue
+            if isinstance(effect, Note):
+                box.last_receipt = effect.receipt
+                self.store.mark_dirty()
+            elif isinstance(effect, Retry) and box.outstanding_since is not None:
+                decide.rearm(box)
+                self.schedule(effect.box, effect.at)
+
+    # ------------------------------------------------------------ what status shows
+
+    def snapshot(self, wall: float) -> dict:
+        now = trio.current_time()
+        boxes = {}
+        for (root, handle), b in self.boxes.items():
+            if not (b.queued or b.outstanding_since is not None or b.last_reason or b.last_receipt or b.damaged):
+                continue
+            boxes[str(root / handle)] = {
+                "queued": b.queued,
+                "outstandingSince": None if b.outstanding_since is None else round(wall - (now - b.outstanding_since), 3),
+                "lastReason": b.last_reason,
+                "lastReceipt": b.last_receipt,
+                "recipient": b.recipient,
+                "transport": b.transport,
+                "damaged": b.damaged,
+            }
+        return {"version": 2, "pid": os.getpid(), "writtenAt": wall, "stats": dict(self.stats), "boxes": boxes}
+
+    def status_line(self) -> str:
+        waiting = sum(1 for b in self.boxes.values() if b.queued)
+        outstanding = sum(1 for b in self.boxes.values() if b.outstanding_since is not None)
+        return (
+            f"{len(self.boxes)} boxes, {waiting} with mail, {outstanding} rung; "
+            f"{self.stats['pokes']} pokes, {self.stats['fallbacks']} fallbacks, {self.stats['capped']} capped"
+        )

@@ -1,0 +1,145 @@
+"""`courier doctor`: check the setup the way the daemon will meet it, and say how to fix each problem.
+
+Trust: reads the mail root's mode, the registry, settings files and courier's
+status snapshot; writes nothing.
+Logs: prints for people; exit 1 if something is broken.
+Limits: checks the user settings file, not managed or project settings.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import stat
+from pathlib import Path
+
+from . import lockfile, mailbox, registry, state
+from .settings import HOOK_EVENTS, SettingsError, _is_ours, read_settings
+
+def cmd_doctor(args) -> int:
+    cfg = args.cfg
+    problems = 0
+
+    def ok(msg: str) -> None:
+        print(f"  ok    {msg}")
+
+    def bad(msg: str, fix: str) -> None:
+        nonlocal problems
+        problems += 1
+        print(f"  FAIL  {msg}\n        fix: {fix}")
+
+    def warn(msg: str, fix: str) -> None:
+        print(f"  warn  {msg}\n        fix: {fix}")
+
+    print(f"mail root      {cfg.mail_root}")
+    print(f"Claude config  {cfg.claude_config_dir}")
+    print(f"state dir      {cfg.state_dir}")
+    for root in cfg.mail_roots:
+        try:
+            st = os.stat(root)
+        except FileNotFoundError:
+            warn(f"mail root {root} does not exist yet", "`courier run` creates it (0700)")
+            continue
+        problem = mailbox.root_problem(st)
+        if problem is None:
+            ok(f"mail root {root} permissions {stat.S_IMODE(st.st_mode):o}")
+        elif "writable" in problem:
+            bad(f"mail root {root} is {problem}", f"chmod 700 {shlex.quote(str(root))}")
+        else:
+            bad(f"mail root {root} is {problem}", f"chown $USER {shlex.quote(str(root))} (or use a root of your own)")
+
+    holder = lockfile.holder(cfg.state_dir)
+    if holder:
+        ok(f"daemon running (pid {holder})")
+    else:
+        bad("daemon not running for this state dir", "courier run (or: courier service install)")
+
+    versions: dict[str, int] = {}
+    sockets_ok = sockets_missing = 0
+    try:
+        pids = registry.list_record_names(cfg.registry_dir)
+    except OSError:
+        pids = []
+        warn(f"no session registry at {cfg.registry_dir}", "start a Claude Code session (2.1.224 or later)")
+    for name in pids:
+        try:
+            rec = registry.read_record(cfg.registry_dir, name)
+        except (OSError, registry.BadRecord):
+            continue
+        if registry.check_liveness(rec):
+            continue
+        versions[rec.version or "?"] = versions.get(rec.version or "?", 0) + 1
+        if rec.socket_path and not registry.vet_socket(rec.socket_path):
+            sockets_ok += 1
+        else:
+            sockets_missing += 1
+    if pids:
+        seen = ", ".join(f"{v} x{n}" for v, n in sorted(versions.items())) or "none live"
+        ok(f"live Claude Code sessions: {seen}")
+        if sockets_missing:
+            warn(
+                f"{sockets_missing} live session(s) have no usable messaging socket",
+                "they still get mail at their next prompt; check CLAUDE_CODE_HARBOR_KITE and the provider "
+                "(some providers start sessions without a socket)",
+            )
+        elif sockets_ok:
+            ok(f"{sockets_ok} session socket(s) present and vetted")
+
+    kite = os.environ.get("CLAUDE_CODE_HARBOR_KITE")
+    if kite is not None and kite.strip().lower() not in ("1", "true", "yes", "on"):
+        bad(
+            f"CLAUDE_CODE_HARBOR_KITE={kite!r} turns Claude Code's messaging socket off",
+            "unset CLAUDE_CODE_HARBOR_KITE in the environment sessions start from",
+        )
+    else:
+        ok("CLAUDE_CODE_HARBOR_KITE not disabling messaging")
+
+    user_settings = cfg.claude_config_dir / "settings.json"
+    try:
+        settings = read_settings(user_settings)
+    except SettingsError as exc:
+        settings = {}
+        bad(f"{user_settings} is not valid JSON ({exc})", "fix the file; Claude Code ignores a broken one")
+    hooks = settings.get("hooks") if isinstance(settings.get("hooks"), dict) else {}
+    missing = [
+        ev for ev, verb in HOOK_EVENTS.items() if not any(_is_ours(e, verb) for e in hooks.get(ev, []) or [])
+    ]
+    if missing:
+        warn(
+            f"courier's hooks are not in {user_settings} ({', '.join(missing)} missing)",
+            "courier hooks install (or pass `courier spawn-settings --with-hooks` to sessions you spawn)",
+        )
+    else:
+        ok("claim and deliver hooks installed in user settings")
+    held = _held_boxes(cfg.state_dir)
+    if held:
+        bad(
+            f"sessions holding courier's doorbell (held receipts): {', '.join(held[:10])}"
+            + (f" and {len(held) - 10} more" if len(held) > 10 else ""),
+            "start them with `claude --settings $(courier spawn-settings)` or set "
+            '"crossSessionInbound": "accept" in their user settings',
+        )
+    inbound = settings.get("crossSessionInbound")
+    if inbound == "accept":
+        ok('user settings accept doorbells in bypass sessions (crossSessionInbound: "accept")')
+    else:
+        warn(
+            "sessions started with --dangerously-skip-permissions will HOLD courier's doorbell "
+            f"(crossSessionInbound is {inbound!r} in user settings)",
+            "spawn them with `claude --settings $(courier spawn-settings)`; the daemon logs "
+            "`session_holds_doorbells` and `courier status` shows `held` when this happens",
+        )
+    print("doctor: " + ("all good" if not problems else f"{problems} problem(s)"))
+    return 1 if problems else 0
+
+
+def _held_boxes(state_dir: Path) -> list[str]:
+    """Boxes whose last receipt from Claude Code says the doorbell is held (from the daemon's snapshot)."""
+    snap = state.read_status(state_dir)
+    boxes = snap.get("boxes") if isinstance(snap.get("boxes"), dict) else {}
+    return sorted(
+        os.path.basename(path) for path, b in boxes.items()
+        if isinstance(b, dict) and isinstance(b.get("lastReceipt"), dict)
+        and b["lastReceipt"].get("status") == "held" and mailbox.valid_handle(os.path.basename(path))
+    )
+

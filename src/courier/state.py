@@ -1,0 +1,115 @@
+"""courier's own persisted state: wake levels (wakecap.json) and the status snapshot (status.json).
+
+Trust: both files live in courier's private state dir; they are still read through
+`safeio` (bounded, no links) because a corrupt or planted file must never stop the
+daemon or `courier status`. A corrupt wake-level file makes every recipient start at
+the cap (a crash loop cannot reset the brake).
+Logs: state_corrupt, state_write_failed (once per errno until a write succeeds).
+Limits: stdlib only, so `courier status` and `doctor` read the snapshot without trio.
+The daemon writes it at most once a second, so what `status` shows may be that old.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from pathlib import Path
+from typing import Callable
+
+from . import safeio, wakecap
+
+STATUS_FILE = "status.json"
+MAX_STATUS_BYTES = 32 << 20
+SAVE_INTERVAL_S = 1.0
+
+
+def read_status(state_dir: Path) -> dict:
+    """The daemon's last status snapshot, or {} if there is none it can trust."""
+    try:
+        return safeio.read_json_object(state_dir / STATUS_FILE, MAX_STATUS_BYTES)
+    except (OSError, safeio.Unsafe):
+        return {}
+
+
+class StateStore:
+    """The wake-level table and the status snapshot, written when changed, at most once a second."""
+
+    def __init__(self, state_dir: Path, log, *, cap: int, half_life: float, snapshot: Callable[[], dict] | None = None):
+        self.state_dir = state_dir
+        self.log = log
+        self.cap = cap
+        self.half_life = half_life
+        self.table = wakecap.Table()
+        self.snapshot = snapshot or (lambda: {})
+        self.dirty = False
+        self.saved_at = float("-inf")  # daemon clock
+        self._errno: int | None = None
+        self.on_dirty: Callable[[], None] = lambda: None
+
+    def load(self, wall: float) -> None:
+        table, problem = wakecap.load(self.state_dir, self.cap, wall)
+        self.table = table
+        if problem:
+            self.log.warning(
+                "state_corrupt",
+                reason=problem,
+                decision="every recipient starts at the cap, decaying from now",
+                wake_cap=self.cap,
+            )
+            self.mark_dirty()
+
+    def mark_dirty(self) -> None:
+        self.dirty = True
+        self.on_dirty()
+
+    def save(self, now: float, force: bool = False) -> bool:
+        """Write both files if changed (and not written within the last second unless forced)."""
+        if not self.dirty or (not force and now - self.saved_at < SAVE_INTERVAL_S):
+            return False
+        try:
+            wakecap.save(self.state_dir, self.table)
+            safeio.write_json_atomic(self.state_dir / STATUS_FILE, self.snapshot())
+        except OSError as exc:
+            # ENOSPC and friends: keep running on the in-memory state, say so once per errno.
+            if self._errno != exc.errno:
+                self._errno = exc.errno
+                self.log.error("state_write_failed", errno=exc.errno,
+                               reason=errno.errorcode.get(exc.errno or 0, "oserror"))
+            return False
+        self._errno = None
+        self.dirty = False
+        self.saved_at = now
+        return True
+
+    # ------------------------------------------------------------ levels
+
+    def level(self, recipient: str, handle: str, session_id: str | None, wall: float) -> wakecap.Level:
+        """The recipient's level now: a migrated per-box level folded in, an operator turn applied."""
+        level = self.table.get(recipient)
+        legacy = self.table.levels.pop(wakecap.box_key(handle), None)
+        if legacy is not None and recipient != wakecap.box_key(handle):
+            level = wakecap.merge(level, legacy, wall, self.half_life)
+            self.table.levels[recipient] = level
+            self.mark_dirty()
+        turned = wakecap.apply_operator_turn(level, wakecap.operator_turn_at(self.state_dir, handle, session_id))
+        if turned is not level:
+            self.table.levels[recipient] = turned
+            self.mark_dirty()
+        return turned
+
+    def woke(self, recipient: str, handle: str, level: wakecap.Level, wall: float) -> wakecap.Level:
+        """Record one wake of `recipient` through box `handle`; returns the new level."""
+        raised = wakecap.after_wake(level, wall, self.half_life)
+        self.table.levels[recipient] = raised
+        self.table.last_ring[handle] = wall
+        self.mark_dirty()
+        return raised
+
+    def next_ring(self) -> int:
+        self.table.ring += 1
+        self.mark_dirty()
+        return self.table.ring
+
+
+def ensure_state_dir(path: Path) -> None:
+    os.makedirs(path, mode=0o700, exist_ok=True)
