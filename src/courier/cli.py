@@ -14,8 +14,6 @@ from __future__ import annotations
 import os
 import sys
 
-from . import config as cfgmod
-
 EXIT_USAGE = 2
 HOOK_VERBS = ("claim", "deliver")
 
@@ -47,6 +45,8 @@ def _add_paths(p) -> None:
 
 def _duration(text: str) -> float:
     import argparse
+
+    from . import config as cfgmod
 
     try:
         return cfgmod.parse_duration(text)
@@ -173,8 +173,10 @@ def _flag_knobs(args) -> dict:
     )
 
 
-def load_config(args) -> cfgmod.Config:
+def load_config(args):
     """The one way every command builds its configuration: defaults < config file < flags."""
+    from . import config as cfgmod
+
     return cfgmod.build(
         config_file=getattr(args, "config", None),
         mail_dir=getattr(args, "mail_dir", None),
@@ -292,6 +294,8 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     handler, needs_config = COMMANDS[args.command]
     if needs_config:
+        from . import config as cfgmod
+
         try:
             args.cfg = load_config(args)
         except cfgmod.ConfigError as exc:

@@ -246,9 +246,19 @@ def _message_fields(path: Path) -> tuple[str, str]:
 
 
 def deliver(env: Mapping[str, str], payload: dict, out, log: HookLog) -> int:
+    """UserPromptSubmit: note an operator turn (a prompt that is not courier's doorbell), then present the mail."""
     session_id = payload.get("session_id") or env.get("CLAUDE_CODE_SESSION_ID") or ""
     if not isinstance(session_id, str) or not session_id:
         return 0
+    rung = doorbell.is_doorbell(payload.get("prompt"))
+    present(env, session_id, out, log, via="doorbell" if rung else "prompt", operator_turn=not rung)
+    return 0
+
+
+def present(env: Mapping[str, str], session_id: str, out, log: HookLog, *, via: str,
+            operator_turn: bool = False) -> int:
+    """Find this session's box, show its mail (paths, never bodies) on `out`, then move what was shown
+    into read/. Returns how many messages were shown. Shared by the prompt hook and the waiter."""
     root = paths.mail_root(env)
     if not root.is_dir():
         return 0
@@ -258,10 +268,7 @@ def deliver(env: Mapping[str, str], payload: dict, out, log: HookLog) -> int:
     if handle is None:
         return 0
     box = mailbox.box_dir(root, handle)
-
-    prompt = payload.get("prompt")
-    rung = doorbell.is_doorbell(prompt)
-    if not rung:
+    if operator_turn:
         try:
             wakecap.record_operator_turn(state, handle, session_id)
         except OSError:
@@ -282,7 +289,7 @@ def deliver(env: Mapping[str, str], payload: dict, out, log: HookLog) -> int:
 
     try:
         listing = mailbox.list_box(box)
-    except OSError:
+    except (OSError, mailbox.Damaged):
         return 0
     if not listing.queued:
         return 0
@@ -309,16 +316,9 @@ def deliver(env: Mapping[str, str], payload: dict, out, log: HookLog) -> int:
     for name in names:
         if mailbox.consume(box, name) is not None:
             consumed += 1
-    log(
-        "hook_delivered",
-        handle=handle,
-        session_id=session_id,
-        shown=len(names),
-        consumed=consumed,
-        left=more,
-        doorbell=rung,
-    )
-    return 0
+    log("hook_delivered", handle=handle, session_id=session_id, shown=len(names), consumed=consumed, left=more,
+        via=via, doorbell=via == "doorbell")
+    return len(names)
 
 
 # ---------------------------------------------------------------- entry
