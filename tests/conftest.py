@@ -211,7 +211,13 @@ class Daemon:
 
 
 @pytest.fixture
-def daemon(env):
+def backend() -> str:
+    """The watcher backend daemons run with; modules that test watching parametrize it over both."""
+    return "auto"
+
+
+@pytest.fixture
+def daemon(env, backend):
     running: list[Daemon] = []
 
     def start(*extra: str, wait_ready: bool = True, env_extra: dict | None = None) -> Daemon:
@@ -220,7 +226,7 @@ def daemon(env):
         vars_.update(env_extra or {})
         fh = open(log_path, "w")
         proc = subprocess.Popen(
-            [sys.executable, "-m", "courier", "run", "--rescan-interval", "30s", *extra],
+            [sys.executable, "-m", "courier", "run", "--rescan-interval", "30s", "--watcher", backend, *extra],
             stdout=fh,
             stderr=fh,
             env=vars_,

@@ -14,6 +14,12 @@ import pytest
 from conftest import snapshot, wait_for
 
 
+@pytest.fixture(params=["inotify", "watchfiles"])
+def backend(request) -> str:
+    """Every behaviour test here runs on both watcher backends."""
+    return request.param
+
+
 def test_drop_rings_once_pinned_and_bodyless(env, fake_session, daemon):
     """A drop reaches the owning session as exactly one valid line, pinned, without any body byte."""
     fs = fake_session("sess-a1")
@@ -337,3 +343,9 @@ def test_two_daemons_started_at_once_exactly_one_wins(env):
             if p.poll() is None:
                 p.terminate()
                 p.wait(5)
+
+
+def test_daemon_ready_names_its_watcher(env, daemon, backend):
+    """The backend asked for is the one that runs, and daemon_ready says which."""
+    d = daemon()
+    assert d.wait_event("daemon_ready")[0]["watcher"] == backend

@@ -162,7 +162,7 @@ class Daemon:
             start = time.perf_counter()
             self.watcher.recheck()
             self.dispatcher.registry_dirty(None)
-            count = self.dispatcher.mark_all()
+            count = self.dispatcher.mark_all(changed_only=True)
             self.notifier.status(self.dispatcher.status_line())
             self.log.info("rescan_done", boxes=count, duration_ms=round((time.perf_counter() - start) * 1000, 2))
 

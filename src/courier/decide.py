@@ -51,6 +51,7 @@ class BoxState:
     owner_pid: int | None = None  # from owner.json at the last look: registry changes at this pid ...
     owner_sid: str | None = None  # ... or naming this session look at the box again
     damaged: str | None = None
+    seen: tuple | None = None  # (mtime_ns, inode) of the box directory at the last look, if settled
 
 
 @dataclass(frozen=True)

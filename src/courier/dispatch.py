@@ -117,7 +117,7 @@ class Dispatcher:
                 self.box_dirty(*box_id)
 
     def rescan(self, reason: str) -> None:
-        self.mark_all()
+        self.mark_all()  # events were lost: look at every box, changed or not
 
     # ------------------------------------------------------------ marking
 
@@ -127,20 +127,32 @@ class Dispatcher:
             self.timers[box_id] = due
             self._kick.set()
 
-    def mark_all(self) -> int:
-        """Every box of every root dirty (a rescan); returns how many boxes exist."""
+    def mark_all(self, changed_only: bool = False) -> int:
+        """Boxes of every root dirty (a rescan); returns how many boxes exist.
+
+        With `changed_only`, a box whose directory has the same (mtime, inode) as at its last
+        settled look is skipped: a safety rescan of idle boxes is a pass of stat calls. Boxes with
+        mail waiting are looked at again through `registry_dirty(None)` and their timers anyway.
+        """
         seen: set[BoxId] = set()
         skipped_now: set[str] = set()
         for root in self.roots:
             try:
-                handles, skipped = mailbox.list_handles(root)
+                handles, skipped = mailbox.list_handles(root, with_identity=changed_only)
             except OSError as exc:
                 self.log.error("mail_root_unreadable", path=str(root), errno=exc.errno)
                 continue
-            seen.update(BoxId(root, h) for h in handles)
+            for handle in handles:
+                box_id = BoxId(root, handle if isinstance(handle, str) else handle[0])
+                seen.add(box_id)
+                if changed_only and not isinstance(handle, str):
+                    box = self.boxes.get(box_id)
+                    if box is not None and box.seen is not None and box.seen == handle[1]:
+                        continue
+                self.box_dirty(*box_id)
             skipped_now.update(os.path.join(str(root), s) for s in skipped)
-        for box_id in seen | set(self.boxes):
-            self.box_dirty(*box_id)
+        for box_id in set(self.boxes) - seen:
+            self.box_dirty(*box_id)  # gone since: the look logs box_gone
         for name in sorted(skipped_now - self._skipped_logged)[:20]:
             self.log.warning("box_name_rejected", name=escape(name, 160), reason="not a valid handle or not a directory")
         self._skipped_logged = skipped_now
@@ -208,11 +220,15 @@ class Dispatcher:
             log.error("box_unreadable", errno=exc.errno, reason=errno.errorcode.get(exc.errno or 0, "oserror"))
             return
         try:
+            st = os.fstat(fd)  # before listing: a change after this moves the mtime past what we record
             listing = mailbox.list_box(fd)
             damaged = mailbox.read_dir_problem(fd)
         finally:
             os.close(fd)
         box = self.boxes.setdefault(box_id, BoxState())
+        # A directory changed within the last second may change again within the same timestamp
+        # tick: only a settled mtime lets a later rescan skip the box (git's "racy" rule).
+        box.seen = (st.st_mtime_ns, st.st_ino) if time.time() - st.st_mtime > 1.0 else None
         if damaged != box.damaged:
             box.damaged = damaged
             if damaged:

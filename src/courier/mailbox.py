@@ -244,9 +244,13 @@ def list_box(box: Path | int) -> Listing:
     return Listing(tuple(queued), tuple(rejected))
 
 
-def list_handles(root: Path) -> tuple[list[str], list[str]]:
-    """(valid handles that are real directories, names skipped). Raises if root is unreadable."""
-    handles, skipped = [], []
+def list_handles(root: Path, with_identity: bool = False) -> tuple[list, list[str]]:
+    """(valid handles that are real directories, names skipped). Raises if root is unreadable.
+
+    With `with_identity`, each handle comes as (handle, (mtime_ns, inode)) of its directory.
+    """
+    handles: list = []
+    skipped: list[str] = []
     with os.scandir(root) as entries:
         for entry in entries:
             name = entry.name
@@ -254,10 +258,11 @@ def list_handles(root: Path) -> tuple[list[str], list[str]]:
                 continue
             try:
                 is_dir = entry.is_dir(follow_symlinks=False)
+                st = entry.stat(follow_symlinks=False) if is_dir and with_identity else None
             except OSError:
                 is_dir = False
             if is_dir and valid_handle(name):
-                handles.append(name)
+                handles.append((name, (st.st_mtime_ns, st.st_ino)) if with_identity else name)
             else:
                 skipped.append(name)
     handles.sort()
