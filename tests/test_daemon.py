@@ -301,7 +301,8 @@ def test_fifo_and_symlink_messages_do_not_block_or_count(env, fake_session, daem
     os.mkfifo(box / "fifo.json")
     os.symlink("/etc/passwd", box / "pw.json")
     d = daemon()
-    d.wait_event("mail_name_rejected", handle="hostile-0001")
+    refused = d.wait_event("mail_refused", handle="hostile-0001")
+    assert sorted(refused[0]["entries"]) == ["fifo.json (not_regular)", "pw.json (symlink)"]
     assert fs.lines() == []
     env.drop("hostile-0001")
     wait_for(lambda: len(fs.lines()) == 1, what="ring for the real message")

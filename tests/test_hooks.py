@@ -182,7 +182,12 @@ def test_non_json_and_symlinked_messages(env):
     p = run_hook(env, "deliver", {"session_id": "s-nj", "prompt": "x"})
     out = p.stdout.decode()
     assert "unreadable message" in out and "root:" not in out
-    assert os.path.islink(box / "2-bbbbbb.json") and (box / "3-cccccc.json").exists()
+    # Refused entries are listed as such, never opened, and moved aside into read/ as they are.
+    assert "2-bbbbbb.json — a symbolic link; not read" in out
+    assert "3-cccccc.json — not a regular file" in out
+    assert os.path.islink(box / "read" / "2-bbbbbb.json") and os.readlink(box / "read" / "2-bbbbbb.json") == "/etc/passwd"
+    assert os.path.exists(box / "read" / "3-cccccc.json") and not os.path.exists(box / "3-cccccc.json")
+    assert mailbox.list_box(box) == mailbox.Listing((), ())
 
 
 RACE_SCRIPT = r"""

@@ -12,15 +12,19 @@ from courier import mailbox, safeio
 def test_handle_shape():
     for good in ("alice-1234", "a", "proj-x-ab12cd34", "0-0"):
         assert mailbox.valid_handle(good)
-    for bad in ("", ".", "..", "../x", "a/b", "-a", "a-", "A-1", "a b", "a\nb", "x" * 201, "é-1", "a_b"):
+    assert mailbox.valid_handle("x" * 255)  # helm has no limit but the filesystem's 255-byte name
+    for bad in ("", ".", "..", "../x", "a/b", "-a", "a-", "A-1", "a b", "a\nb", "x" * 256, "é-1", "a_b"):
         assert not mailbox.valid_handle(bad), bad
     with pytest.raises(ValueError):
         mailbox.box_dir(__import__("pathlib").Path("/m"), "../etc")
 
 
-def test_message_name_shape():
-    assert mailbox.valid_message_name("1796027099603-10c291.json")
-    for bad in ("owner.json", ".tmp-1.json", "a\n.json", "../x.json", "x.json.tmp", "-x.json", "a b.json", "a/b.json"):
+def test_message_names_are_what_helm_delivers():
+    """Every non-hidden *.json but owner.json is mail (helm's rule); only separators and hidden names are not."""
+    for good in ("1796027099603-10c291.json", "note.v2.json", "Hello World.json", "_x.json", "résumé.json",
+                 "-x.json", "a\n.json", "\udcff-bad.json"):
+        assert mailbox.valid_message_name(good), good
+    for bad in ("owner.json", ".tmp-1.json", "../x.json", "x.json.tmp", "a/b.json", "x" * 251 + ".json"):
         assert not mailbox.valid_message_name(bad), bad
 
 
@@ -45,18 +49,39 @@ def test_slug_and_tail():
     assert mailbox.tail("0190abcd-1111-2222-3333-444455556666", 4) == "6666"
 
 
-def test_derive_handle_widens_around_live_holders(tmp_path):
+def test_derive_handle_widens_around_holders_then_takes_the_pid_rung():
     sid = "0190abcd-1111-2222-3333-4444aabbccdd"
     held = {"repo-ccdd", "repo-bbccdd"}
-    assert mailbox.derive_handle(tmp_path, "/src/Repo", sid, lambda h: h in held) == "repo-aabbccdd"
+
+    def derive(**kw):
+        return mailbox.derive_handle("/src/Repo", sid, lambda h: h in held, pid=42, **kw)
+
+    assert derive() == ("repo-aabbccdd", None)
     held.add("repo-aabbccdd")
-    assert mailbox.derive_handle(tmp_path, "/src/Repo", sid, lambda h: h in held) == "repo-" + mailbox.slug(sid)
-    assert mailbox.derive_handle(tmp_path, "/src/Repo", sid, lambda h: False) == "repo-ccdd"
+    assert derive() == ("repo-" + mailbox.slug(sid), None)
+    held.add("repo-" + mailbox.slug(sid))
+    assert derive() == ("repo-" + mailbox.slug(sid) + "-42", None)  # helm #262: never the held rung again
+    held.add("repo-" + mailbox.slug(sid) + "-42")
+    with pytest.raises(LookupError):  # the caller adds randomness; nothing is ever overwritten
+        derive()
+    assert mailbox.derive_handle("/src/Repo", sid, lambda h: False, pid=1) == ("repo-ccdd", None)
 
 
-def test_pinned_and_reserved(tmp_path):
-    assert mailbox.derive_handle(tmp_path, "/x", "s-1234", lambda h: False, pinned="My Agent") == "my-agent"
-    assert mailbox.derive_handle(tmp_path, "/x", "s-1234", lambda h: False, pinned="Operator") is None
+def test_pinned_reserved_and_held_pins_fall_back_to_the_ladder():
+    free = lambda h: False  # noqa: E731
+    assert mailbox.derive_handle("/x", "s-1234", free, pid=1, pinned="My Agent") == ("my-agent", None)
+    assert mailbox.derive_handle("/x", "s-1234", free, pid=1, pinned="Operator") == ("x-1234", "pin_reserved")
+    assert mailbox.derive_handle("/x", "s-1234", lambda h: h == "my-agent", pid=1, pinned="My Agent") == (
+        "x-1234", "pin_held")
+    assert mailbox.derive_handle("/x", "s-1234", free, pid=1, pinned="!!!") == ("agent", None)
+
+
+def test_long_folder_names_match_helm_until_the_filesystem_limit():
+    sid = "019fc78b-f108-7c69-b602-1d44f7639531"
+    assert len(mailbox.ladder("/w/" + "a" * 150, sid, 1)[0]) == 155  # helm: 150 + "-" + 4
+    assert len(mailbox.ladder("/w/" + "a" * 199, sid, 1)[0]) == 204
+    long = mailbox.ladder("/w/" + "a" * 400, sid, 1)
+    assert all(len(h) <= 255 and h.endswith(t) for h, t in zip(long, ("9531", "639531", "f7639531")))
 
 
 def test_drop_is_atomic_private_and_conventional(tmp_path):
@@ -103,9 +128,12 @@ def test_listing_skips_hostile_entries(tmp_path):
     (box / "dir.json").mkdir()
     (box / "bad\nname.json").write_text("{}")
     (box / "notes.txt").write_text("x")
+    os.link(box / "1-aaaaaa.json", tmp_path / "elsewhere.json")  # a hard link to a file outside
+    (box / "2-bbbbbb.json").write_text("{}")
     listing = mailbox.list_box(box)
-    assert listing.queued == ("1-aaaaaa.json",)
-    assert set(listing.rejected) == {"fifo.json", "pw.json", "dir.json", "bad\nname.json"}
+    assert listing.queued == ("2-bbbbbb.json", "bad\nname.json")
+    assert dict(listing.refused) == {"fifo.json": "not_regular", "pw.json": "symlink", "dir.json": "directory",
+                                     "1-aaaaaa.json": "hard_linked"}
 
 
 def test_box_symlink_is_not_followed(tmp_path):

@@ -136,23 +136,23 @@ def test_hundred_thousand_files_in_one_box(env, fake_session, daemon):
     print(f"100,000 files: ready after {ready:.2f}s")
 
 
-def test_odd_names_and_symlinked_box(env, fake_session, daemon):
+def test_odd_names_are_mail_and_a_symlinked_box_is_not_followed(env, fake_session, daemon):
+    """Names helm delivers (undecodable bytes, newlines) are rung like any mail; a box that is a symlink is
+    never followed: reported once, never rung, its owner.json never read."""
     fs = fake_session("sess-odd")
-    box = env.claim("odd-0001", fs.pid, "sess-odd")
-    os.close(os.open(os.path.join(os.fsencode(box), b"\xff\xfe-bad.json"), os.O_CREAT | os.O_WRONLY, 0o600))
-    (box / "new\nline.json").write_text("{}")
     target = env.root / "elsewhere"
     target.mkdir()
     (target / "1-aaaaaa.json").write_text("{}")
     (target / "owner.json").write_text(json.dumps({"runtime": "claude", "pid": fs.pid, "sessionId": "sess-odd"}))
     os.symlink(target, env.mail / "link-0001")
     d = daemon()
-    d.wait_event("mail_name_rejected", handle="odd-0001")
-    time.sleep(0.5)
-    assert fs.lines() == [], "odd names are not mail, a symlinked box is not followed"
-    assert d.events("box_name_rejected")
-    env.drop("odd-0001")
-    wait_for(fs.lines)
+    assert d.wait_event("box_name_rejected")
+    box = env.claim("odd-0001", fs.pid, "sess-odd")
+    os.close(os.open(os.path.join(os.fsencode(box), b"\xff\xfe-bad.json"), os.O_CREAT | os.O_WRONLY, 0o600))
+    (box / "new\nline.json").write_text("{}")
+    line = wait_for(fs.lines)[0]
+    assert "2 new messages" in line["message"]["content"] and "odd-0001" in line["message"]["content"]
+    assert all("link-0001" not in l["message"]["content"] for l in fs.lines())
     assert d.proc.poll() is None
 
 

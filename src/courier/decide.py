@@ -12,7 +12,7 @@ other questions, and it carries out what is returned. No clock is read here:
 Trust: the listing holds names read from a directory; the target was resolved and
 vetted by `resolve`. Nothing from a message reaches a decision.
 Logs: one event per decision that holds mail (session_unreachable, wake_capped),
-doorbell_outstanding / doorbell_rearmed / mail_seen / mail_name_rejected about the
+doorbell_outstanding / doorbell_rearmed / mail_seen / mail_refused about the
 box's state, each only when it changes (`BoxState.last_note`).
 Limits: an unanswered wake is rung once more after `outstanding_limit`, never again
 until the batch is consumed.
@@ -27,6 +27,7 @@ from typing import NamedTuple, Protocol
 from . import wakecap
 from .mailbox import Listing
 from .resolve import Target, Unreachable
+from .text import escape
 
 SOCKET = "socket"
 WAITER = "waiter"
@@ -43,7 +44,7 @@ class BoxState:
     in_flight: bool = False
     last_note: tuple | None = None  # what we last logged about it, to log changes only
     last_reason: str | None = None  # why its mail waits for the prompt, if it does
-    rejected_logged: frozenset = frozenset()
+    refused_logged: frozenset = frozenset()
     last_receipt: dict | None = None
     recipient: str | None = None  # wake-cap key of the session last resolved as its owner
     transport: str | None = None  # how the last wake travelled
@@ -113,15 +114,15 @@ def rearm(box: BoxState) -> None:
 
 def observe(box: BoxState, listing: Listing, now: float, policy: Policy, log) -> Wait | None:
     """Take in a fresh listing. Returns Wait if there is nothing to decide, else None."""
-    new_rejects = set(listing.rejected) - box.rejected_logged
-    if new_rejects:
+    new_refusals = set(listing.refused) - box.refused_logged
+    if new_refusals:
         log.warning(
-            "mail_name_rejected",
-            count=len(new_rejects),
-            names=[repr(n)[:80] for n in sorted(new_rejects)[:5]],
-            reason="not a regular file with a safe name; left untouched",
+            "mail_refused",
+            count=len(new_refusals),
+            entries=[f"{escape(name, 80)} ({why})" for name, why in sorted(new_refusals)[:5]],
+            reason="not a message to read (a link, a hard link, a FIFO or a directory); not rung, never opened",
         )
-    box.rejected_logged = frozenset(listing.rejected)
+    box.refused_logged = frozenset(listing.refused)
     previously, box.queued = box.queued, len(listing.queued)
     if box.queued > previously:
         log.debug("mail_seen", queued=box.queued)

@@ -29,16 +29,15 @@ READ_DIR = "read"
 RESERVED_HANDLES = frozenset({"operator"})
 
 # The convention's handles are slugs: lowercase [a-z0-9], runs of anything else
-# turned into '-', trimmed. A directory whose name is outside this shape is not a
-# box we will ever build a path from.
-HANDLE_RE = re.compile(r"^[a-z0-9](?:[a-z0-9-]{0,198}[a-z0-9])?$")
-# `<millis>-<6 hex>.json` is what senders write; any other plain name is accepted
-# as mail too (helm does), but only from this safe alphabet, so a name can never
-# carry a newline, a path separator or a terminal escape into a notice.
-MESSAGE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,200}\.json$")
+# turned into '-', trimmed; helm sets no length limit but the filesystem's 255-byte
+# name. A directory whose name is outside this shape is not a box we will ever
+# build a path from.
+MAX_NAME_BYTES = 255
+HANDLE_RE = re.compile(r"^[a-z0-9](?:[a-z0-9-]{0,253}[a-z0-9])?$")
 
 MAX_MESSAGE_BYTES = 1 << 20  # a body larger than 1 MiB is refused by `courier send`
 MAX_OWNER_BYTES = 64 << 10
+MAX_SESSION_ID = 4096
 
 
 class Damaged(Exception):
@@ -61,7 +60,20 @@ def valid_handle(name: str) -> bool:
 
 
 def valid_message_name(name: str) -> bool:
-    return isinstance(name, str) and name != OWNER_FILE and bool(MESSAGE_RE.match(name))
+    """Mail is what helm delivers: every name ending in .json that is not hidden and not owner.json.
+
+    Any other character is allowed (spaces, dots, non-ASCII, even newlines): the name is only
+    ever one directory entry joined to its box, and it is rendered escaped wherever it is shown.
+    """
+    return (
+        isinstance(name, str)
+        and name.endswith(".json")
+        and not name.startswith(".")
+        and name != OWNER_FILE
+        and "/" not in name
+        and "\0" not in name
+        and len(os.fsencode(name)) <= MAX_NAME_BYTES
+    )
 
 
 def slug(text: str) -> str:
@@ -187,7 +199,7 @@ def parse_owner(data: dict) -> Owner:
         handle=safeio.short_str(data.get("handle"), 256),
         runtime=safeio.short_str(data.get("runtime"), 64),
         pid=safeio.positive_int(data.get("pid")),
-        session_id=safeio.short_str(data.get("sessionId"), 256),
+        session_id=safeio.short_str(data.get("sessionId"), MAX_SESSION_ID),
         cwd=safeio.short_str(data.get("cwd")),
         claimed_at=safeio.finite_number(data.get("claimedAt")),
         provisional=data.get("pidIsProvisional") is True,
@@ -212,36 +224,69 @@ def write_owner(box: Path | int, data: dict) -> None:
 
 
 class Listing(NamedTuple):
-    queued: tuple[str, ...]  # valid message names, sorted (oldest first)
-    rejected: tuple[str, ...]  # *.json entries that are not safe mail (bad name, symlink, FIFO…)
+    queued: tuple[str, ...]  # messages: regular files with one link, sorted (oldest first)
+    refused: tuple[tuple[str, str], ...]  # (name, why) of *.json entries that are not mail to read
+
+
+def entry_refusal(st: os.stat_result) -> str | None:
+    """Why a *.json entry is not a message to read, from its lstat; None if it is one."""
+    mode = st.st_mode
+    if stat.S_ISLNK(mode):
+        return "symlink"
+    if stat.S_ISDIR(mode):
+        return "directory"
+    if not stat.S_ISREG(mode):
+        return "not_regular"
+    if st.st_nlink != 1:
+        # A hard link to some other file (maybe one the sender may not read): a confused deputy.
+        return "hard_linked"
+    return None
 
 
 def list_box(box: Path | int) -> Listing:
     """List one box. Raises FileNotFoundError/NotADirectoryError if the box is gone, Damaged if it is a link.
 
-    Never opens a message: counting needs only the directory, so a FIFO cannot block it.
+    Never opens a message: an lstat per entry is enough, so a FIFO cannot block it.
     """
-    queued, rejected = [], []
+    queued, refused = [], []
     with _BoxFd(box) as fd:
         # scandir closes the fd it is given: hand it a duplicate.
         with os.scandir(os.dup(fd)) as entries:
             for entry in entries:
                 name = entry.name
-                if name.startswith(".") or name == OWNER_FILE or name == READ_DIR:
-                    continue
-                if not name.endswith(".json"):
+                if not valid_message_name(name):
                     continue
                 try:
-                    regular = entry.is_file(follow_symlinks=False)
+                    st = entry.stat(follow_symlinks=False)
                 except OSError:
-                    regular = False
-                if regular and valid_message_name(name):
+                    continue  # gone between the listing and the stat: consumed
+                why = entry_refusal(st)
+                if why == "hard_linked" and being_consumed(fd, name, st):
+                    why = None
+                if why is None:
                     queued.append(name)
                 else:
-                    rejected.append(name)
+                    refused.append((name, why))
     queued.sort()
-    rejected.sort()
-    return Listing(tuple(queued), tuple(rejected))
+    refused.sort()
+    return Listing(tuple(queued), tuple(refused))
+
+
+def being_consumed(box_fd: int, name: str, st: os.stat_result) -> bool:
+    """A message with two links, the second its own copy in a real read/: a consume half done
+    (by a racing prompt, or one that crashed between its link and its unlink)."""
+    if st.st_nlink != 2:
+        return False
+    try:
+        read_fd = safeio.open_dir_nofollow(READ_DIR, dir_fd=box_fd)
+    except OSError:
+        return False
+    try:
+        return os.path.samestat(st, os.lstat(name, dir_fd=read_fd))
+    except OSError:
+        return False
+    finally:
+        os.close(read_fd)
 
 
 def list_handles(root: Path, with_identity: bool = False) -> tuple[list, list[str]]:
@@ -342,6 +387,70 @@ def consume_at(box_fd: int, read_fd: int, name: str) -> str | None:
     return _consume_at(box_fd, read_fd, name)
 
 
+def link_at(box_fd: int, read_fd: int, name: str) -> str | None:
+    """The first half of a consume: a link in read/ (never replacing an archived message).
+    Returns the name it has there, or None if it is gone. The message stays queued until `unlink_at`."""
+    if not valid_message_name(name):
+        return None
+    dst = name
+    for _attempt in range(8):
+        try:
+            os.link(name, dst, src_dir_fd=box_fd, dst_dir_fd=read_fd, follow_symlinks=False)
+            return dst
+        except FileExistsError:
+            try:
+                if os.path.samestat(os.lstat(name, dir_fd=box_fd), os.lstat(dst, dir_fd=read_fd)):
+                    return dst  # a consume that crashed between its two steps, or a racing one
+            except FileNotFoundError:
+                return None
+            dst = _archive_name(name)
+        except FileNotFoundError:
+            return None
+        except IsADirectoryError:
+            return None
+        except PermissionError:
+            # Linux refuses to hard-link a directory with EPERM: move it whole, never over anything.
+            return _rename_dir(box_fd, read_fd, name)
+    return None
+
+
+def unlink_at(box_fd: int, name: str) -> bool:
+    """The second half of a consume; True if this process removed the queued entry (won the consume)."""
+    try:
+        os.unlink(name, dir_fd=box_fd)
+        return True
+    except FileNotFoundError:
+        return False
+    except (IsADirectoryError, PermissionError):
+        return False  # a directory was renamed by link_at already
+
+
+def _archive_name(name: str) -> str:
+    return f"{name[: -len('.json')]}-{safeio.random_hex(3)}.json"
+
+
+def _rename_dir(box_fd: int, read_fd: int, name: str) -> str | None:
+    dst = name
+    for _attempt in range(8):
+        try:
+            os.lstat(dst, dir_fd=read_fd)
+            dst = _archive_name(name)
+            continue
+        except FileNotFoundError:
+            pass
+        try:
+            os.rename(name, dst, src_dir_fd=box_fd, dst_dir_fd=read_fd)
+            return dst
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            if exc.errno in (errno.ENOTEMPTY, errno.EEXIST):
+                dst = _archive_name(name)
+                continue
+            return None
+    return None
+
+
 def _consume_at(box_fd: int, read_fd: int, name: str) -> str | None:
     dst = name
     try:
@@ -353,7 +462,7 @@ def _consume_at(box_fd: int, read_fd: int, name: str) -> str | None:
             return None
         if not same:
             # A different message already archived under this name: keep both.
-            dst = f"{name[: -len('.json')]}-{safeio.random_hex(3)}.json"
+            dst = _archive_name(name)
             try:
                 os.link(name, dst, src_dir_fd=box_fd, dst_dir_fd=read_fd, follow_symlinks=False)
             except (FileNotFoundError, FileExistsError):
@@ -374,32 +483,64 @@ def retire(box: Path | int, owner_data: dict, now_ms: int | None = None) -> None
     write_owner(box, data)
 
 
+def handle_for(where: str, ident: str) -> str:
+    """`<where>-<ident>`, shortening `where` (never the id) to fit a 255-byte name."""
+    room = MAX_NAME_BYTES - len(ident) - 1
+    if room < 1:
+        return ident[-MAX_NAME_BYTES:].strip("-") or "agent"
+    return f"{where[:room].strip('-') or 'agent'}-{ident}"
+
+
+def ladder(cwd: str, session_id: str, pid: int) -> list[str]:
+    """The convention's candidate handles for a session, in order: the tail of the session id
+    widening 4 -> 6 -> 8 -> whole, then (every rung held) the whole id with the claiming pid."""
+    where = slug(os.path.basename(cwd.rstrip("/")) if cwd else "")
+    full = slug(session_id)
+    tails = [tail(full, w) for w in (4, 6, 8) if w < len(full)] + [full]
+    out: list[str] = []
+    for piece in [t for t in tails if t] + [f"{full}-{pid}"]:
+        handle = handle_for(where, piece)
+        if handle not in out and valid_handle(handle) and handle not in RESERVED_HANDLES:
+            out.append(handle)
+    return out
+
+
+def pinned_handle(pin: str | None) -> tuple[str | None, str | None]:
+    """(handle, None) for a usable HELM_MAIL_HANDLE, or (None, why it is not used)."""
+    if not pin or not pin.strip():
+        return None, None
+    handle = slug(pin)
+    if handle in RESERVED_HANDLES:
+        return None, "reserved"
+    if not valid_handle(handle):
+        handle = handle[:MAX_NAME_BYTES].strip("-")
+        if not valid_handle(handle):
+            return None, "invalid"
+    return handle, None
+
+
 def derive_handle(
-    root: Path,
     cwd: str,
     session_id: str,
     held_by_another: Callable[[str], bool],
+    *,
+    pid: int,
     pinned: str | None = None,
-) -> str | None:
-    """The convention's handle for this session; None if the only candidate is reserved.
+) -> tuple[str, str | None]:
+    """The handle this session claims, and a note for the log (why a pin was not used), or raises
+    LookupError when every candidate is held (the caller adds randomness; it never overwrites).
 
-    `held_by_another(handle)` says whether a live, unretired owner with another
-    session id holds that handle; the tail widens 4 -> 6 -> 8 -> full around it.
+    `held_by_another(handle)` says whether another session's box sits there and must not be taken.
     """
-    if pinned and pinned.strip():
-        handle = slug(pinned)
-        return None if handle in RESERVED_HANDLES else handle[:200].strip("-") or None
-    where = slug(os.path.basename(cwd.rstrip("/")) if cwd else "")[:120].strip("-") or "agent"
-    full = slug(session_id)
-    candidates = [tail(full, w) for w in (4, 6, 8) if w < len(full)] + [full]
-    handle = f"{where}-{full}"
-    for which in candidates:
-        if not which:
-            continue
-        candidate = f"{where}-{which}"
-        if candidate in RESERVED_HANDLES or not valid_handle(candidate):
-            continue
+    note = None
+    pin, why = pinned_handle(pinned)
+    if pin is not None:
+        if not held_by_another(pin):
+            return pin, None
+        note = "pin_held"
+    elif why is not None:
+        note = f"pin_{why}"
+    for candidate in ladder(cwd, session_id, pid):
         if not held_by_another(candidate):
-            return candidate
-    return handle if valid_handle(handle) and handle not in RESERVED_HANDLES else None
-
+            return candidate, note
+    raise LookupError("every candidate handle is held")

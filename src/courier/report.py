@@ -29,7 +29,7 @@ class Row:
     reason: str | None
     socket: str | None
     queued: int
-    rejected: int
+    refused: int
     outstanding: bool
     wake_level: float
     last_ring: float | None
@@ -87,7 +87,7 @@ def rows(cfg: Config, handles: list[str] | None = None) -> list[Row]:
                 reason=None if isinstance(result, Target) else result.reason,
                 socket=result.socket_path if isinstance(result, Target) else None,
                 queued=len(listing.queued),
-                rejected=len(listing.rejected),
+                refused=len(listing.refused),
                 outstanding=bool(info.get("outstandingSince")),
                 wake_level=round(wakecap.level_at(level, now, cfg.wake_half_life_s), 3),
                 last_ring=table.last_ring.get(handle),
