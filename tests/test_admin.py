@@ -205,19 +205,21 @@ def test_sighup_rescans_and_keeps_state(env, fake_session, daemon):
 
 
 def test_send_refuses_bad_handles_and_unknown_boxes(env):
+    """No match is exit 2 (issue #16), a retired box is refused (helm conformance row 8), --create makes a box."""
     assert courier(env, "send", "../etc", "--body", "x").returncode == 2
     p = courier(env, "send", "nobody-1", "--body", "x")
-    assert p.returncode == 1 and "--create" in p.stderr
+    assert p.returncode == 2 and "--create" in p.stderr
     p = courier(env, "send", "nobody-1", "--body", "x", "--create")
     assert p.returncode == 0 and Path(p.stdout.strip()).exists()
+    msg = json.loads(Path(p.stdout.strip()).read_text())
+    assert set(msg) == {"id", "from", "to", "subject", "body", "sentAt"}
     big = "x" * (2 << 20)
     p = courier(env, "send", "nobody-1", input=big)
     assert p.returncode == 1 and "larger" in p.stderr
     env.claim("ret-0001", 1, "s", retiredAt=5)
     p = courier(env, "send", "ret-0001", "--body", "x")
-    assert p.returncode == 0 and "retired" in p.stderr
-    msg = json.loads(Path(p.stdout.strip()).read_text())
-    assert set(msg) == {"id", "from", "to", "subject", "body", "sentAt"}
+    assert p.returncode == 2 and "retired" in p.stderr and p.stdout == ""
+    assert [n for n in os.listdir(env.mail / "ret-0001") if n.endswith(".json")] == ["owner.json"]
 
 
 def test_config_file_and_sighup_reload(env, fake_session, daemon):

@@ -15,7 +15,7 @@ import os
 import sys
 
 EXIT_USAGE = 2
-HOOK_VERBS = ("claim", "deliver")
+HOOK_VERBS = ("claim", "deliver", "wait")
 
 DESCRIPTION = """\
 courier wakes idle Claude Code sessions when mail lands in their file mailbox.
@@ -102,16 +102,58 @@ def build_parser():
     k.add_argument("--log-level", choices=["debug", "info", "warning", "error"], help="default info")
     k.add_argument("--no-receipts", action="store_true", help="do not listen for Claude Code's delivery receipts")
 
-    send = _sub(sub, "send", "drop a message into a box",
-                "Write a convention message into <mail root>/<HANDLE>/ (temp file + rename, mode 0600) and print "
-                "its path. The body comes from --body, --body-file, or stdin.")
-    send.add_argument("handle", metavar="HANDLE")
-    send.add_argument("--from", dest="sender", default=None, help="your handle (default $HELM_MAIL_HANDLE or $USER)")
+    send_description = """\
+Write one message into the box TARGET names (temp file + rename, mode 0600) and
+print its path. The body comes from --body, --body-file FILE, or stdin (no body
+flag, or --body-file -).
+
+TARGET is tried in this order; courier says on stderr which rule matched:
+  handle          a box of exactly that name (e.g. api-3f2a)
+  path            contains '/' or starts with '.' or '~': the live session(s)
+                  whose working directory is that directory, else its git
+                  worktree root; compared after resolving '~', symlinks and
+                  (where the file system ignores case) case
+  session id      a prefix of at least 6 characters of one live session's id
+Several matches are refused unless --all (one message, own file and id, each).
+A retired box is refused; courier names the live box of the same session, or
+else of the same directory, if there is one. No match: exit 2 with the closest.
+
+Secret check: before anything is written the subject and body are scanned for
+shapes of live credentials (private-key blocks, cloud access keys, provider API
+tokens such as sk-ant-/sk-/ghp_/xox-, JWTs, password=/token= assignments with
+random-looking values, .env blocks). A hit refuses the send with exit 3, naming
+the shape and the line, never the value; --allow-secret sends anyway. This is a
+backstop for accidental pastes, not a control: it knows only those shapes, and
+delivery copies a message into the recipient's transcript, which no cleanup
+reaches. A secret that was sent must be rotated, not deleted.
+
+exit status: 0 sent; 1 nothing written (I/O error, too large); 2 bad arguments,
+no match, several matches without --all, retired box; 3 a secret shape found.
+"""
+    send = _sub(sub, "send", "drop a message into the box of a handle, a directory, or a session-id prefix",
+                send_description)
+    send.add_argument("target", metavar="TARGET", help="a handle, a path, or a session-id prefix (>= 6 chars)")
+    send.add_argument("--from", dest="sender", default=None,
+                      help="your handle (default $HELM_MAIL_HANDLE, else this session's box, else $USER)")
     send.add_argument("--subject", default="", help="one line")
     body = send.add_mutually_exclusive_group()
     body.add_argument("--body", help="the message text")
     body.add_argument("--body-file", metavar="FILE", help="read the message text from FILE ('-' = stdin)")
+    send.add_argument("--all", action="store_true", help="TARGET matches several sessions: send one message to each")
     send.add_argument("--create", action="store_true", help="allow a handle that has no box yet")
+    send.add_argument("--allow-secret", action="store_true",
+                      help="send even if the subject or body looks like a live credential (see above)")
+    send.add_argument("--json", action="store_true",
+                      help="print {path, id, handle, rule} (a list with --all) instead of the path")
+
+    who = _sub(sub, "who", "list addressable sessions: handle, runtime, cwd, live or not, how it wakes, queued mail",
+               "One row per box: its handle, runtime, state (live, dead, retired, unowned), how it can be woken now "
+               "(socket: courier rings it; waiter: a courier waiter in the session; prompt only: shown at its next "
+               "prompt; self: pi watches its own box; none: nobody lives there), queued mail, session id and "
+               "working directory. With TARGET, only what TARGET resolves to, by exactly the rules `courier send` "
+               "uses (see `courier send --help`); exit 2 if it matches nothing.")
+    who.add_argument("target", nargs="?", metavar="TARGET", help="a path, handle or session-id prefix")
+    who.add_argument("--json", action="store_true", help="machine-readable output")
 
     status = _sub(sub, "status", "one line per box: owner, reachability, queue, wake level")
     status.add_argument("--json", action="store_true", help="machine-readable output")
@@ -256,6 +298,7 @@ COMMANDS = {
     "run": (cmd_run, True),
     "send": (cmd_send, True),
     "status": (cmd_status, True),
+    "who": (_lazy("address", "cmd_who"), True),
     "hook": (cmd_hook, False),
     "hooks": (_lazy("settings", "cmd_hooks"), True),
     "spawn-settings": (_lazy("settings", "cmd_spawn_settings"), True),
