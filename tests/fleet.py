@@ -34,7 +34,7 @@ def child(index: int, args) -> None:
         dom = f"linux:{open('/etc/machine-id').read().strip()}:{os.readlink('/proc/self/ns/pid')}"
     except OSError:
         dom = None
-    rec = {"pid": pid, "sessionId": f"{args.prefix}-{index}", "procStart": proc_start(pid), "version": "2.1.328",
+    rec = {"pid": pid, "sessionId": f"{args.prefix}-{index}", "procStart": proc_start(pid), "version": "2.1.328", "peerProtocol": 1,
            "kind": "interactive", "messagingSocketPath": path, "status": "idle", "startedAt": int(time.time() * 1000)}
     if dom:
         rec["pidDomain"] = dom

@@ -256,3 +256,19 @@ def test_bad_config_file_is_a_startup_error(env):
     assert p.returncode == 2 and "unknown setting 'frobnicate'" in p.stderr
     p = courier(env, "run", "--config", str(env.root / "missing.toml"))
     assert p.returncode == 2 and "does not exist" in p.stderr
+
+
+def test_doctor_names_a_session_on_an_unknown_protocol(env, fake_session):
+    """A live session whose record says a peerProtocol courier was not tested with is named, with what to do."""
+    fs = fake_session("sess-proto")
+    rec_path = env.registry / f"{fs.pid}.json"
+    rec = json.loads(rec_path.read_text())
+    rec["peerProtocol"] = 2
+    rec_path.write_text(json.dumps(rec))
+    p = courier(env, "doctor")
+    assert f"courier cannot ring pid {fs.pid} (Claude Code 2.1.328) by socket" in p.stdout
+    assert "peerProtocol 2 is not one courier was tested with" in p.stdout
+    env.claim("proto-0001", fs.pid, "sess-proto")
+    st = json.loads(courier(env, "status", "--json").stdout)
+    row = next(r for r in st["boxes"] if r["handle"] == "proto-0001")
+    assert row["reason"] == "peer_protocol_unknown" and row["version"] == "2.1.328" and row["supported"] is False

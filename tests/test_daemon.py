@@ -102,6 +102,8 @@ FAILURES = [
     ("wrong_peer", "wrong_peer", "poke_failed", "peer_pid_mismatch"),
     ("torn_record", "torn_record", "session_unreachable", "record_torn"),
     ("huge_record", "huge_record", "session_unreachable", "record_too_large"),
+    ("unknown_protocol", "protocol", "session_unreachable", "peer_protocol_unknown"),
+    ("hard_linked_socket", "hard_link", "poke_failed", "socket_hard_linked"),
 ]
 
 
@@ -151,6 +153,15 @@ def test_failure_is_a_logged_fallback_and_mail_is_untouched(env, fake_session, d
         rec_path.write_text(json.dumps(rec))
     elif setup == "torn_record":
         rec_path.write_text(json.dumps(rec)[:40])
+    elif setup == "protocol":
+        rec["peerProtocol"] = 2  # a wire format courier was never tested with: not written to
+        rec_path.write_text(json.dumps(rec))
+    elif setup == "hard_link":
+        # Another process's socket hard-linked into a private directory: SO_PEERCRED alone would pass it.
+        (env.root / "o").mkdir(mode=0o700)
+        other = fake_session("sess-link", socket_dir=env.root / "o")
+        os.unlink(sock)
+        os.link(other.socket, sock)
     elif setup == "huge_record":
         rec["padding"] = "x" * (10 * 1024 * 1024)  # a 10 MB record
         rec_path.write_text(json.dumps(rec))
@@ -172,7 +183,7 @@ def test_failure_is_a_logged_fallback_and_mail_is_untouched(env, fake_session, d
     assert d.proc.poll() is None, "daemon must stay up"
     assert snapshot(box) == before
     assert fs.lines() == [] or setup == "close_early"
-    if setup == "wrong_peer":
+    if setup in ("wrong_peer", "hard_link"):
         assert other.lines() == []
     assert not d.events("poke_sent")
 

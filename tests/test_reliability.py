@@ -87,7 +87,7 @@ async def test_lost_watcher_events_are_caught_by_the_rescan(tmp_path, monkeypatc
 
     (reg / f"{os.getpid()}.json").write_text(json.dumps({
         "pid": os.getpid(), "sessionId": "S", "procStart": registry.proc_start(os.getpid()),
-        "pidDomain": registry.own_pid_domain(), "messagingSocketPath": str(sock_path)}))
+        "pidDomain": registry.own_pid_domain(), "messagingSocketPath": str(sock_path), "peerProtocol": 1}))
     (mail / "lost-1" / "read").mkdir(parents=True)
     (mail / "lost-1" / "owner.json").write_text(json.dumps({"runtime": "claude", "pid": os.getpid(), "sessionId": "S"}))
     cfg = config.Config(mail_root=mail, claude_config_dir=tmp_path / "c", state_dir=tmp_path / "s",

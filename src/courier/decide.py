@@ -26,6 +26,7 @@ from typing import NamedTuple, Protocol
 
 from . import wakecap
 from .mailbox import Listing
+from .registry import SUPPORTED_PROTOCOLS
 from .resolve import Target, Unreachable
 from .text import escape
 
@@ -61,7 +62,8 @@ class Policy:
     outstanding_limit: float
     cap: int
     half_life: float
-    supported_protocols: frozenset | None = None  # None: any peerProtocol is written to
+    # peerProtocol values courier has been tested against; any other value, or none, is never written to.
+    supported_protocols: frozenset | None = SUPPORTED_PROTOCOLS
 
 
 class Ring(NamedTuple):

@@ -55,6 +55,7 @@ def cmd_doctor(args) -> int:
         bad("daemon not running for this state dir", "courier run (or: courier service install)")
 
     versions: dict[str, int] = {}
+    unsupported: dict[str, list[str]] = {}
     sockets_ok = sockets_missing = 0
     try:
         pids = registry.list_record_names(cfg.registry_dir)
@@ -69,7 +70,10 @@ def cmd_doctor(args) -> int:
         if registry.check_liveness(rec):
             continue
         versions[rec.version or "?"] = versions.get(rec.version or "?", 0) + 1
-        if rec.socket_path and not registry.vet_socket(rec.socket_path):
+        supported, note = registry.support(rec.version, rec.peer_protocol, rec.socket_path is not None)
+        if not supported:
+            unsupported.setdefault(note, []).append(f"pid {rec.pid} (Claude Code {rec.version or '?'})")
+        elif rec.socket_path and not registry.vet_socket(rec.socket_path):
             sockets_ok += 1
         else:
             sockets_missing += 1
@@ -84,6 +88,9 @@ def cmd_doctor(args) -> int:
             )
         elif sockets_ok:
             ok(f"{sockets_ok} session socket(s) present and vetted")
+        for note, who in sorted(unsupported.items()):
+            listed = ", ".join(who[:5]) + (f" and {len(who) - 5} more" if len(who) > 5 else "")
+            warn(f"courier cannot ring {listed} by socket", note)
 
     kite = os.environ.get("CLAUDE_CODE_HARBOR_KITE")
     if kite is not None and kite.strip().lower() not in ("1", "true", "yes", "on"):

@@ -29,6 +29,11 @@ RECORD_NAME_RE = re.compile(r"^([1-9][0-9]{0,9})(?:-[A-Za-z0-9._-]{1,64})?\.json
 # Claude's socket basenames: <pid>.sock, <pid>-<8hex>.sock (pid-namespace clash), <=16 hex.
 SOCKET_NAME_RE = re.compile(r"^(?:[0-9]+(?:-[0-9a-f]{8})?|[0-9a-f]{1,16})\.sock$")
 MAX_SOCKET_PATH_BYTES = 103
+# peerProtocol values courier has been tested against: every release from 2.1.200 to 2.1.332
+# writes 1 (research/claude-code-versions.md). Anything else is never written to.
+SUPPORTED_PROTOCOLS = frozenset({1})
+OLDEST_WITH_SOCKET = (2, 1, 248)  # oldest release whose sessions open a socket with no flag
+OLDEST_WITH_MESSAGING = (2, 1, 224)  # messaging exists from here, behind CLAUDE_CODE_HARBOR_KITE=1
 
 
 class Record(NamedTuple):
@@ -90,6 +95,36 @@ def parse_record(data: Any, expect_pid: int | None = None, name: str | None = No
         peer_protocol=protocol if isinstance(protocol, int) and not isinstance(protocol, bool) and 0 <= protocol < 1000 else None,
         name=name,
     )
+
+
+def parse_version(text: str | None) -> tuple[int, ...] | None:
+    if not text:
+        return None
+    parts = []
+    for piece in text.split(".")[:3]:
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        if not digits or len(digits) > 6:
+            return None
+        parts.append(int(digits))
+    return tuple(parts) if len(parts) == 3 else None
+
+
+def support(version: str | None, protocol: int | None, has_socket: bool) -> tuple[bool, str]:
+    """Whether courier can ring this Claude Code session by its socket, and what to do if not."""
+    if has_socket and protocol in SUPPORTED_PROTOCOLS:
+        return True, "supported"
+    if has_socket:
+        return False, (f"peerProtocol {protocol!r} is not one courier was tested with; courier will not write to it "
+                       "(its waiter or the next prompt delivers). Update courier, or report the new protocol.")
+    parsed = parse_version(version)
+    if parsed is not None and parsed < OLDEST_WITH_MESSAGING:
+        return False, (f"Claude Code {version} has no cross-session messaging; install courier's waiter "
+                       "(courier hooks install) or update Claude Code to 2.1.248 or later")
+    if parsed is not None and parsed < OLDEST_WITH_SOCKET:
+        return False, (f"Claude Code {version} opens its socket only with CLAUDE_CODE_HARBOR_KITE=1 (or update to "
+                       "2.1.248 or later); the waiter wakes it meanwhile")
+    return False, ("no messaging socket (CLAUDE_CODE_HARBOR_KITE=0, or a provider without messaging); "
+                   "courier's waiter wakes it if installed (courier hooks install)")
 
 
 def record_path(registry: Path, pid: int) -> Path:

@@ -35,18 +35,28 @@ class Row:
     last_ring: float | None
     last_reason: str | None
     last_receipt: dict | None
+    version: str | None = None  # the owner session's Claude Code version, from its registry record
+    supported: bool | None = None  # whether courier can ring that version's socket
 
 
 def resolve_with_owner(cfg: Config, root, handle: str, index) -> tuple[mailbox.Owner | None, Target | Unreachable]:
     """As the daemon resolves it, plus the socket vetting the daemon does right before a poke."""
     owner, result = resolve.resolve_box(root, cfg.registry_dir, handle, index, registry.own_pid_domain())
-    if isinstance(result, Target):
-        if result.socket_path is None:
-            return owner, Unreachable(handle, "no_socket", result.pid, result.session_id)
+    return owner, reachable(result)
+
+
+def reachable(result: Target | Unreachable) -> Target | Unreachable:
+    """A Target only if courier would write to its socket now."""
+    if not isinstance(result, Target):
+        return result
+    problem = None
+    if result.socket_path is None:
+        problem = "no_socket"
+    elif result.protocol not in registry.SUPPORTED_PROTOCOLS:
+        problem = "peer_protocol_unknown"
+    else:
         problem = registry.vet_socket(result.socket_path)
-        if problem:
-            return owner, Unreachable(handle, problem, result.pid, result.session_id)
-    return owner, result
+    return Unreachable(result.handle, problem, result.pid, result.session_id) if problem else result
 
 
 def rows(cfg: Config, handles: list[str] | None = None) -> list[Row]:
@@ -69,7 +79,9 @@ def rows(cfg: Config, handles: list[str] | None = None) -> list[Row]:
             listing = mailbox.list_box(box)
         except (OSError, mailbox.Damaged):
             continue
-        owner, result = resolve_with_owner(cfg, root, handle, index)
+        owner, target = resolve.resolve_box(root, cfg.registry_dir, handle, index, registry.own_pid_domain())
+        result = reachable(target)
+        live = target if isinstance(target, Target) else None
         runtime, opid, sid = (owner.runtime, owner.pid, owner.session_id) if owner else (None, None, None)
         key = wakecap.session_key(sid) if sid and wakecap.valid_key(wakecap.session_key(sid)) else wakecap.box_key(handle)
         level = table.get(key)
@@ -93,6 +105,8 @@ def rows(cfg: Config, handles: list[str] | None = None) -> list[Row]:
                 last_ring=table.last_ring.get(handle),
                 last_reason=_line(info.get("lastReason"), 64),
                 last_receipt=info.get("lastReceipt") if isinstance(info.get("lastReceipt"), dict) else None,
+                version=_line(live.version, 24) if live else None,
+                supported=registry.support(live.version, live.protocol, live.socket_path is not None)[0] if live else None,
             )
         )
     return out
@@ -130,7 +144,7 @@ def render(rows_: list[Row], daemon_pid: int | None, as_json: bool) -> str:
         )
     lines = [
         f"{'HANDLE':<28} {'RUNTIME':<7} {'PID':>7} {'SESSION':<10} {'REACH':<22} {'QUEUED':>6} "
-        f"{'RUNG':<4} {'LEVEL':>5} {'LAST RING':<10} RECEIPT"
+        f"{'RUNG':<4} {'LEVEL':>5} {'LAST RING':<10} {'CLAUDE':<9} RECEIPT"
     ]
     for r in rows_:
         reach = "ok" if r.reachable else (r.reason or "?")
@@ -143,7 +157,8 @@ def render(rows_: list[Row], daemon_pid: int | None, as_json: bool) -> str:
         lines.append(
             f"{r.handle[:28]:<28} {(r.runtime or '-')[:7]:<7} {r.owner_pid or '-':>7} "
             f"{(r.session_id or '-')[:8]:<10} {reach[:22]:<22} {r.queued:>6} "
-            f"{'yes' if r.outstanding else 'no':<4} {r.wake_level:>5.2f} {_ago(r.last_ring, now):<10} {receipt}"
+            f"{'yes' if r.outstanding else 'no':<4} {r.wake_level:>5.2f} {_ago(r.last_ring, now):<10} "
+            f"{(r.version or '-')[:8] + ('' if r.supported is not False else '!'):<9} {receipt}"
         )
     state = f"running (pid {daemon_pid})" if daemon_pid else "NOT running"
     lines.append(f"{len(rows_)} boxes, {waiting} with mail, {reachable} reachable; daemon {state}")
