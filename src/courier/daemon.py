@@ -33,6 +33,7 @@ from .ring import Ringer
 from .sdnotify import Notifier
 from .startup import prepare_mail_root, prepare_state_dir
 from .state import SAVE_INTERVAL_S, StateStore
+from .waiters import Waiters
 
 SHUTDOWN_GRACE_S = 1.0  # SIGTERM must finish within 2 s; in-flight rings get this long
 
@@ -55,10 +56,12 @@ class Daemon:
         self.reload_config = reload_config  # () -> Config, re-reading the config file (flags still win)
         self.store = StateStore(cfg.state_dir, log, cap=cfg.wake_cap, half_life=cfg.wake_half_life_s)
         self.receipts = Receipts(log) if receipts else None
+        self.waiters = Waiters(cfg.state_dir, cfg.registry_dir)
         self.ringer = Ringer(self.store, log, registry_dir=cfg.registry_dir, poke_timeout=cfg.poke_timeout_s,
-                             receipts=self.receipts)
+                             receipts=self.receipts, waiters=self.waiters)
         self.dispatcher = Dispatcher(cfg.mail_roots, cfg.registry_dir, self.store, self.ringer, log, policy_of(cfg),
-                                     receipts=self.receipts, own_domain=registry.own_pid_domain())
+                                     receipts=self.receipts, waiters=self.waiters,
+                                     own_domain=registry.own_pid_domain())
         self.receipt_server = ReceiptServer(self.receipts, log, self.dispatcher.apply) if receipts else None
         self.ringer.receipt_server = self.receipt_server
         self.store.snapshot = lambda: self.dispatcher.snapshot(time.time())
@@ -97,6 +100,7 @@ class Daemon:
                     outer.start_soon(self._watchdog)
                 if self.receipt_server is not None:
                     await outer.start(self.receipt_server.serve)
+                await outer.start(self.waiters.watch, self.dispatcher.waiters_changed)
                 async with trio.open_nursery() as pokes:
                     self._pokes_scope = pokes.cancel_scope
                     self.dispatcher.poke_nursery = pokes

@@ -66,7 +66,7 @@ class _World:
 
     def has_waiter(self, target: Target) -> bool:
         waiters = self.d.waiters
-        return waiters is not None and waiters.has(target.session_id)
+        return waiters is not None and waiters.has(target.session_id, pid=target.pid)
 
     def level(self, recipient: str, target: Target, wall: float):
         return self.d.store.level(recipient, self.box_id.handle, target.session_id, wall)
@@ -114,6 +114,15 @@ class Dispatcher:
             if not box.queued or box.outstanding_since is not None or box.in_flight:
                 continue
             if touched is None or box.owner_pid in pids or box.owner_sid in touched:
+                self.box_dirty(*box_id)
+
+    def waiters_changed(self, pids) -> None:
+        """A rewake waiter registered for these Claude pids (None: any): look again at boxes whose mail
+        waits for one (it was held while the session had neither a usable socket nor a waiter)."""
+        for box_id, box in self.boxes.items():
+            if not box.queued or box.outstanding_since is not None or box.in_flight:
+                continue
+            if pids is None or box.owner_pid in pids:
                 self.box_dirty(*box_id)
 
     def rescan(self, reason: str) -> None:
@@ -300,6 +309,8 @@ class Dispatcher:
                 self.store.mark_dirty()
             elif isinstance(effect, Retry) and box.outstanding_since is not None:
                 decide.rearm(box)
+                if effect.recipient:
+                    self.store.refund(effect.recipient, time.time())
                 self.schedule(effect.box, effect.at)
 
     # ------------------------------------------------------------ what status shows

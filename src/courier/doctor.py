@@ -13,8 +13,8 @@ import shlex
 import stat
 from pathlib import Path
 
-from . import lockfile, mailbox, registry, state
-from .settings import HOOK_EVENTS, SettingsError, _is_ours, read_settings
+from . import lockfile, mailbox, registry, state, waiters
+from .settings import HOOKS, SettingsError, installed_verbs, read_settings
 
 def cmd_doctor(args) -> int:
     cfg = args.cfg
@@ -56,6 +56,7 @@ def cmd_doctor(args) -> int:
 
     versions: dict[str, int] = {}
     unsupported: dict[str, list[str]] = {}
+    stranded: list[str] = []
     sockets_ok = sockets_missing = 0
     try:
         pids = registry.list_record_names(cfg.registry_dir)
@@ -73,6 +74,10 @@ def cmd_doctor(args) -> int:
         supported, note = registry.support(rec.version, rec.peer_protocol, rec.socket_path is not None)
         if not supported:
             unsupported.setdefault(note, []).append(f"pid {rec.pid} (Claude Code {rec.version or '?'})")
+        usable = supported and not registry.vet_socket(rec.socket_path)
+        if not usable and not waiters.has_waiter(cfg.state_dir, rec.session_id, registry_dir=cfg.registry_dir,
+                                                 pid=rec.pid):
+            stranded.append(f"pid {rec.pid}")
         elif rec.socket_path and not registry.vet_socket(rec.socket_path):
             sockets_ok += 1
         else:
@@ -107,17 +112,23 @@ def cmd_doctor(args) -> int:
     except SettingsError as exc:
         settings = {}
         bad(f"{user_settings} is not valid JSON ({exc})", "fix the file; Claude Code ignores a broken one")
-    hooks = settings.get("hooks") if isinstance(settings.get("hooks"), dict) else {}
-    missing = [
-        ev for ev, verb in HOOK_EVENTS.items() if not any(_is_ours(e, verb) for e in hooks.get(ev, []) or [])
-    ]
+    have = installed_verbs(settings)
+    missing = [f"{event} {verb}" for event, verb in HOOKS if (event, verb) not in have]
     if missing:
         warn(
-            f"courier's hooks are not in {user_settings} ({', '.join(missing)} missing)",
-            "courier hooks install (or pass `courier spawn-settings --with-hooks` to sessions you spawn)",
+            f"courier's hooks are not all in {user_settings} (missing: {', '.join(missing)})",
+            "courier hooks install (or pass `courier spawn-settings --with-hooks` to sessions you spawn); "
+            "without the waiter (hook wait) a session with no usable socket wakes only at its next prompt",
         )
     else:
-        ok("claim and deliver hooks installed in user settings")
+        ok("claim, deliver and waiter hooks installed in user settings")
+    if stranded:
+        warn(
+            f"{len(stranded)} live session(s) have neither a usable socket nor a courier waiter: "
+            + ", ".join(stranded[:5]) + (f" and {len(stranded) - 5} more" if len(stranded) > 5 else ""),
+            "their mail waits for their next prompt; install the waiter (courier hooks install) and start them "
+            "again, or give them a socket (see above)",
+        )
     held = _held_boxes(cfg.state_dir)
     if held:
         bad(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 # Every doorbell's text starts with this marker; the prompt hook treats a prompt
 # that starts with it as courier's own ring, and anything else as an operator turn.
@@ -19,6 +20,16 @@ MARKER = "[courier doorbell]"
 
 def is_doorbell(prompt: object) -> bool:
     return isinstance(prompt, str) and prompt.lstrip().startswith(MARKER)
+
+
+_REWAKE = re.compile(r'hook blocking error from command "[^"\n]{0,200}": (?:\\n|\n|\s)*courier: \d+ messages? ')
+
+
+def is_rewake(prompt: object) -> bool:
+    """The turn courier's waiter started: Claude frames the waiter's notice as a task notification
+    (measured on 2.1.328: research/claude-code-rewake.md). Not an operator turn either."""
+    return (isinstance(prompt, str) and prompt.lstrip().startswith("<task-notification>")
+            and bool(_REWAKE.search(prompt[:20000])))
 
 
 def text(ring: int, queued: int, box: str) -> str:

@@ -484,9 +484,10 @@ def deliver(env: Mapping[str, str], payload: dict, out, log: HookLog) -> int:
     session_id = session_of(payload, env)
     if session_id is None:
         return 0
-    rung = doorbell.is_doorbell(payload.get("prompt"))
-    present(env, session_id, out, log, via="doorbell" if rung else "prompt", operator_turn=not rung,
-            cwd=cwd_of(payload))
+    prompt = payload.get("prompt")
+    via = "doorbell" if doorbell.is_doorbell(prompt) else "rewake" if doorbell.is_rewake(prompt) else "prompt"
+    # Only a person's prompt resets the wake cap: a doorbell or a waiter's rewake turn is courier's own.
+    present(env, session_id, out, log, via=via, operator_turn=via == "prompt", cwd=cwd_of(payload))
     return 0
 
 

@@ -51,10 +51,12 @@ class Note(NamedTuple):
 
 
 class Retry(NamedTuple):
-    """Forget the box's outstanding wake and look again at `at` (one retry of a dropped doorbell)."""
+    """Forget the box's outstanding wake and look again at `at`; the wake that did not happen is
+    taken back off the recipient's wake level (a held or dropped doorbell woke nobody)."""
 
     box: tuple
     at: float
+    recipient: str | None = None
 
 
 class Receipts:
@@ -127,6 +129,9 @@ class Receipts:
         if status == "held":
             self._block(key, "held", None)
             hint = HOLD_HINT
+            # Look again at once: the transport choice now skips the socket, so a waiter (if the
+            # session has one) carries the same batch; without one the mail is held for the prompt.
+            effects.append(Retry(p.box, now, f"session:{p.session_id}"))
             if key not in self.warned_held:
                 self.warned_held[key] = None
                 while len(self.warned_held) > BLOCKS_MAX:
@@ -143,7 +148,7 @@ class Receipts:
             if p.box not in self.retried:
                 # One retry, with a new ring text, after the pacing window.
                 self.retried.add(p.box)
-                effects.append(Retry(p.box, now + self.retry_after_s))
+                effects.append(Retry(p.box, now + self.retry_after_s, f"session:{p.session_id}"))
         effects.append(Note(p.box, {"status": status, "reason": drop or reason[:120], "at": time.time(), "hint": hint}))
         return effects
 

@@ -13,7 +13,7 @@ import json
 import time
 from dataclasses import asdict, dataclass
 
-from . import mailbox, registry, resolve, state, wakecap
+from . import mailbox, registry, resolve, state, waiters, wakecap
 from .config import Config
 from .resolve import Target, Unreachable
 from .text import one_line
@@ -37,6 +37,8 @@ class Row:
     last_receipt: dict | None
     version: str | None = None  # the owner session's Claude Code version, from its registry record
     supported: bool | None = None  # whether courier can ring that version's socket
+    waiter: bool = False  # a courier waiter (Stop hook) serves the owner session
+    transport: str | None = None  # how the last wake travelled (socket or waiter)
 
 
 def resolve_with_owner(cfg: Config, root, handle: str, index) -> tuple[mailbox.Owner | None, Target | Unreachable]:
@@ -106,6 +108,9 @@ def rows(cfg: Config, handles: list[str] | None = None) -> list[Row]:
                 last_reason=_line(info.get("lastReason"), 64),
                 last_receipt=info.get("lastReceipt") if isinstance(info.get("lastReceipt"), dict) else None,
                 version=_line(live.version, 24) if live else None,
+                waiter=bool(live) and waiters.has_waiter(cfg.state_dir, live.session_id, registry_dir=cfg.registry_dir,
+                                                         pid=live.pid),
+                transport=_line(info.get("transport"), 16),
                 supported=registry.support(live.version, live.protocol, live.socket_path is not None)[0] if live else None,
             )
         )
@@ -147,7 +152,7 @@ def render(rows_: list[Row], daemon_pid: int | None, as_json: bool) -> str:
         f"{'RUNG':<4} {'LEVEL':>5} {'LAST RING':<10} {'CLAUDE':<9} RECEIPT"
     ]
     for r in rows_:
-        reach = "ok" if r.reachable else (r.reason or "?")
+        reach = "ok" if r.reachable else "waiter" if r.waiter else (r.reason or "?")
         receipt = "-"
         if r.last_receipt:
             receipt = f"{r.last_receipt.get('status')} {_ago(r.last_receipt.get('at'), now)}"

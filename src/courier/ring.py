@@ -52,7 +52,7 @@ class Ringer:
         msg_id = doorbell.new_msg_id()
         if decision.transport == decide.WAITER:
             result = await self.waiters.wake(target.session_id, ring=number, queued=len(decision.names),
-                                             box=box_path, timeout=self.poke_timeout)
+                                             box=box_path, timeout=self.poke_timeout, pid=target.pid)
         else:
             from_addr = self.receipt_server.address_for(target.socket_path) if self.receipt_server else None
             line = doorbell.compose(ring=number, queued=len(decision.names), box=box_path,

@@ -22,7 +22,13 @@ from pathlib import Path
 
 from . import mailbox, paths, safeio
 
-HOOK_EVENTS = {"SessionStart": "claim", "UserPromptSubmit": "deliver"}
+# (event, verb): claim and the waiter at SessionStart, deliver at each prompt, the waiter re-armed
+# at every Stop (Claude Code arms one per Stop; the waiter keeps one per session).
+HOOKS = (("SessionStart", "claim"), ("SessionStart", "wait"), ("UserPromptSubmit", "deliver"), ("Stop", "wait"))
+HOOK_EVENTS = {"SessionStart": "claim", "UserPromptSubmit": "deliver"}  # the two a session cannot do without
+# The largest timeout Claude Code keeps as given (about 24.8 days, 2^31 ms; research/claude-code-rewake.md):
+# an async hook past its timeout is killed and only re-armed after the next turn.
+WAIT_TIMEOUT_S = 2147483
 
 # ---------------------------------------------------------------- helpers
 
@@ -38,13 +44,20 @@ def courier_command() -> list[str]:
     return [sys.executable, "-m", "courier"]
 
 
+def hook_command(verb: str, cmd: list[str] | None = None) -> dict:
+    base = " ".join(shlex.quote(c) for c in (cmd or courier_command()))
+    if verb == "wait":
+        # exec: the waiter is then Claude's own child (one process, not a shell and a python).
+        return {"type": "command", "command": f"exec {base} hook wait", "async": True, "asyncRewake": True,
+                "timeout": WAIT_TIMEOUT_S}
+    return {"type": "command", "command": f"{base} hook {verb}", "timeout": 10}
+
+
 def hook_entries(cmd: list[str] | None = None) -> dict:
-    cmd = cmd or courier_command()
-    base = " ".join(shlex.quote(c) for c in cmd)
-    return {
-        event: [{"hooks": [{"type": "command", "command": f"{base} hook {verb}", "timeout": 10}]}]
-        for event, verb in HOOK_EVENTS.items()
-    }
+    entries: dict[str, list] = {}
+    for event, verb in HOOKS:
+        entries.setdefault(event, []).append({"hooks": [hook_command(verb, cmd)]})
+    return entries
 
 
 def _is_ours(entry: object, verb: str) -> bool:
@@ -57,16 +70,19 @@ def _is_ours(entry: object, verb: str) -> bool:
     return False
 
 
+def _is_any_ours(entry: object) -> bool:
+    return any(_is_ours(entry, verb) for _event, verb in HOOKS)
+
+
 def merge_hooks(settings: dict, cmd: list[str] | None = None) -> dict:
-    """settings + courier's two hook entries, replacing any older courier entries; idempotent."""
+    """settings + courier's hook entries, replacing any older courier entries; idempotent."""
     out = json.loads(json.dumps(settings))
     hooks = out.get("hooks")
     if not isinstance(hooks, dict):
         hooks = {}
     for event, entries in hook_entries(cmd).items():
-        verb = HOOK_EVENTS[event]
         current = hooks.get(event)
-        current = [e for e in current if not _is_ours(e, verb)] if isinstance(current, list) else []
+        current = [e for e in current if not _is_any_ours(e)] if isinstance(current, list) else []
         hooks[event] = current + entries
     out["hooks"] = hooks
     return out
@@ -77,10 +93,10 @@ def remove_hooks(settings: dict) -> dict:
     hooks = out.get("hooks")
     if not isinstance(hooks, dict):
         return out
-    for event, verb in HOOK_EVENTS.items():
+    for event in {event for event, _verb in HOOKS}:
         current = hooks.get(event)
         if isinstance(current, list):
-            kept = [e for e in current if not _is_ours(e, verb)]
+            kept = [e for e in current if not _is_any_ours(e)]
             if kept:
                 hooks[event] = kept
             else:
@@ -88,6 +104,13 @@ def remove_hooks(settings: dict) -> dict:
     if not hooks:
         out.pop("hooks", None)
     return out
+
+
+def installed_verbs(settings: dict) -> set[tuple[str, str]]:
+    """Which of courier's (event, verb) hooks a settings dict holds."""
+    hooks = settings.get("hooks") if isinstance(settings.get("hooks"), dict) else {}
+    return {(event, verb) for event, verb in HOOKS
+            if any(_is_ours(e, verb) for e in (hooks.get(event) if isinstance(hooks.get(event), list) else []))}
 
 
 MAX_SETTINGS_BYTES = 4 << 20

@@ -105,6 +105,14 @@ class StateStore:
         self.mark_dirty()
         return raised
 
+    def refund(self, recipient: str, wall: float) -> None:
+        """Take one wake back (the doorbell was held or dropped: nobody woke)."""
+        level = self.table.levels.get(recipient)
+        if level is None:
+            return
+        self.table.levels[recipient] = wakecap.Level(max(0.0, wakecap.level_at(level, wall, self.half_life) - 1.0), wall)
+        self.mark_dirty()
+
     def next_ring(self) -> int:
         self.table.ring += 1
         self.mark_dirty()
