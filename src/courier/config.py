@@ -64,9 +64,9 @@ class Config:
     def validated(self) -> "Config":
         def positive(name: str, value: float) -> None:
             if not isinstance(value, (int, float)) or isinstance(value, bool):
-                raise ConfigError(f"{name} must be a number, got {value!r}")
+                raise ConfigError(f"{name} must be a number, got {_show(value)}")
             if not math.isfinite(value) or value <= 0:
-                raise ConfigError(f"{name} must be a positive finite number, got {value!r}")
+                raise ConfigError(f"{name} must be a positive finite number, got {_show(value)}")
 
         positive("rescan interval", self.rescan_interval_s)
         positive("poke timeout", self.poke_timeout_s)
@@ -75,27 +75,33 @@ class Config:
         if not isinstance(self.session_min_interval_s, (int, float)) or not (
             math.isfinite(self.session_min_interval_s) and self.session_min_interval_s >= 0
         ):
-            raise ConfigError(f"minimum poke interval must be >= 0, got {self.session_min_interval_s!r}")
+            raise ConfigError(f"minimum poke interval must be >= 0, got {_show(self.session_min_interval_s)}")
         if isinstance(self.wake_cap, bool) or not isinstance(self.wake_cap, int) or self.wake_cap < 1:
-            raise ConfigError(f"wake cap must be a whole number >= 1, got {self.wake_cap!r}")
+            raise ConfigError(f"wake cap must be a whole number >= 1, got {_show(self.wake_cap)}")
         if self.wake_cap > 1000:
-            raise ConfigError(f"wake cap {self.wake_cap} is no brake at all; use at most 1000")
+            raise ConfigError(f"wake cap {_show(self.wake_cap)} is no brake at all; use at most 1000")
         if self.poke_timeout_s > 25:
             # Claude Code closes a connection that sends no full line within 30 s.
             raise ConfigError("poke timeout must stay under 25 s (Claude Code's first-line deadline is 30 s)")
         for name, value in (("debounce", self.debounce_ms), ("step", self.step_ms)):
             if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 5000:
-                raise ConfigError(f"{name} must be 1..5000 ms, got {value!r}")
+                raise ConfigError(f"{name} must be 1..5000 ms, got {_show(value)}")
         if self.watcher not in ("auto", "inotify", "watchfiles"):
-            raise ConfigError(f"watcher must be auto, inotify or watchfiles, got {self.watcher!r}")
+            raise ConfigError(f"watcher must be auto, inotify or watchfiles, got {_show(self.watcher)}")
         if self.log_format not in ("json", "console"):
-            raise ConfigError(f"log format must be json or console, got {self.log_format!r}")
+            raise ConfigError(f"log format must be json or console, got {_show(self.log_format)}")
         if self.log_level not in ("debug", "info", "warning", "error"):
-            raise ConfigError(f"log level must be debug, info, warning or error, got {self.log_level!r}")
+            raise ConfigError(f"log level must be debug, info, warning or error, got {_show(self.log_level)}")
         return self
 
     def with_(self, **changes) -> "Config":
         return replace(self, **changes)
+
+
+def _show(value: object) -> str:
+    """A value quoted in an error message, cut short: a hostile config must not flood the log."""
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def parse_duration(text: str) -> float:
@@ -111,9 +117,9 @@ def parse_duration(text: str) -> float:
     try:
         value = float(number) * scale
     except ValueError:
-        raise ConfigError(f"not a duration: {text!r} (use e.g. 30s, 10m, 1.5h)") from None
+        raise ConfigError(f"not a duration: {_show(text)} (use e.g. 30s, 10m, 1.5h)") from None
     if not math.isfinite(value) or value < 0:
-        raise ConfigError(f"not a duration: {text!r}")
+        raise ConfigError(f"not a duration: {_show(text)}")
     return value
 
 
@@ -169,16 +175,22 @@ def load_file(path: Path) -> tuple[dict, dict]:
     """(knobs, paths) from a TOML file; ({}, {}) if it does not exist. Raises ConfigError on anything wrong."""
     import tomllib
 
+    from . import safeio
+
     try:
-        raw = path.read_bytes()
+        raw = safeio.read_bounded(path, 1 << 20)
     except FileNotFoundError:
         return {}, {}
+    except safeio.Unsafe as exc:
+        raise ConfigError(f"config file {path} is not a plain file courier can read ({exc.reason})") from None
     except OSError as exc:
         raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
     try:
         data = tomllib.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-        raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+        raise ConfigError(f"config file {path} is not valid TOML: {str(exc)[:200]}") from None
+    except RecursionError:
+        raise ConfigError(f"config file {path} nests too deeply to be courier's settings") from None
     knobs, paths = {}, {}
     for key, value in data.items():
         if key in FILE_PATHS:

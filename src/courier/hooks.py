@@ -594,6 +594,9 @@ def _present_listing(root, handle, box, box_fd, read_fd, read_dir, damaged, list
         refused_names.append(name)
     for index, name in enumerate(listing.queued):
         sender, subject, raw_from, why = _read_message(box_fd, name)
+        if subject.startswith("(unreadable message: "):
+            log("hook_message_unreadable", level="warning", handle=handle, name=escape(name, 120),
+                reason=subject[len("(unreadable message: "):-1], decision="shown as unreadable, moved to read/")
         if why is not None:
             refused.append((shown_path(where, name), why))
             refused_names.append(name)

@@ -44,6 +44,7 @@ class StateStore:
         self.dirty = False
         self.saved_at = float("-inf")  # daemon clock
         self._errno: int | None = None
+        self._bad_turns: dict[str, str] = {}
         self.on_dirty: Callable[[], None] = lambda: None
 
     def load(self, wall: float) -> None:
@@ -91,7 +92,14 @@ class StateStore:
             level = wakecap.merge(level, legacy, wall, self.half_life)
             self.table.levels[recipient] = level
             self.mark_dirty()
-        turned = wakecap.apply_operator_turn(level, wakecap.operator_turn_at(self.state_dir, handle, session_id))
+        turn, problems = wakecap.read_operator_turns(self.state_dir, handle, session_id)
+        for name, why in problems:
+            if self._bad_turns.get(name) != why:  # once per file and reason, not at every look
+                self._bad_turns[name] = why
+                if len(self._bad_turns) > 10_000:
+                    self._bad_turns.clear()
+                self.log.warning("operator_turn_unreadable", file=name, reason=why, decision="ignored")
+        turned = wakecap.apply_operator_turn(level, turn)
         if turned is not level:
             self.table.levels[recipient] = turned
             self.mark_dirty()

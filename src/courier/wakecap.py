@@ -242,13 +242,28 @@ def record_operator_turn(state_dir: Path, handle: str | None, session_id: str | 
 
 def operator_turn_at(state_dir: Path, handle: str | None, session_id: str | None = None) -> float | None:
     """The latest operator turn recorded for this session or box, or None."""
+    return read_operator_turns(state_dir, handle, session_id)[0]
+
+
+def read_operator_turns(state_dir: Path, handle: str | None, session_id: str | None = None
+                        ) -> tuple[float | None, list[tuple[str, str]]]:
+    """(latest turn or None, [(file name, why it was not used)]) for this session's and box's files."""
     latest = None
+    problems: list[tuple[str, str]] = []
     for name in operator_turn_names(handle, session_id):
         try:
             data = safeio.read_json_object(state_dir / OPERATOR_DIR / name, 4096)
-        except (OSError, safeio.Unsafe):
+        except FileNotFoundError:
+            continue
+        except safeio.Unsafe as exc:
+            problems.append((name, exc.reason))
+            continue
+        except OSError as exc:
+            problems.append((name, f"unreadable_{exc.errno}"))
             continue
         at = safeio.finite_number(data.get("at"))
-        if at is not None and at >= 0 and (latest is None or at > latest):
+        if at is None or at < 0:
+            problems.append((name, "bad_at"))
+        elif latest is None or at > latest:
             latest = at
-    return latest
+    return latest, problems
