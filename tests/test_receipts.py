@@ -67,11 +67,20 @@ def test_denied_backs_off(env, fake_session, daemon):
 
 
 def test_refused_wire_form_backs_off(env, fake_session, daemon):
+    """`expired` with status_detail `refused` is a refusal: the session is not rung again for the back-off."""
     fs = fake_session("sess-ref", receipt="refused")
-    env.claim("ref-0001", fs.pid, "sess-ref")
-    d = daemon()
+    box = env.claim("ref-0001", fs.pid, "sess-ref")
+    d = daemon("--min-poke-interval", "0.1s")
     env.drop("ref-0001")
     d.wait_event("poke_receipt", handle="ref-0001", status="refused")
+    from courier import mailbox
+
+    for n in mailbox.list_box(box).queued:
+        mailbox.consume(box, n)
+    d.wait_event("doorbell_rearmed", handle="ref-0001")
+    env.drop("ref-0001")
+    d.wait_event("session_unreachable", handle="ref-0001", reason="receipt_refused")
+    assert len(fs.lines()) == 1
 
 
 def test_dropped_retries_once_with_new_text(env, fake_session, daemon):

@@ -250,8 +250,8 @@ def list_box(box: Path | int) -> Listing:
     """
     queued, refused = [], []
     with _BoxFd(box) as fd:
-        # scandir closes the fd it is given: hand it a duplicate.
-        with os.scandir(os.dup(fd)) as entries:
+        # scandir duplicates the descriptor it is given and closes only its own copy.
+        with os.scandir(fd) as entries:
             for entry in entries:
                 name = entry.name
                 if not valid_message_name(name):

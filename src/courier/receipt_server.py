@@ -39,7 +39,19 @@ FIRST_BYTE_S = 2.0
 READ_S = 5.0
 LINES_PER_CONN = 64
 MAX_CONNECTIONS = 16
-MAX_LISTENERS = 64
+MAX_LISTENERS = 64  # and at most a quarter of the descriptor limit: listeners must never starve the rest
+
+
+def listener_cap() -> int:
+    import resource
+
+    try:
+        soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    except (OSError, ValueError):
+        return MAX_LISTENERS
+    if soft == resource.RLIM_INFINITY:
+        return MAX_LISTENERS
+    return max(1, min(MAX_LISTENERS, soft // 4))
 LISTENER_IDLE_S = 1800.0  # a listener nobody was poked through for this long is closed
 PEER_BURST = 32  # lines a peer may send at once ...
 PEER_RATE = 2.0  # ... and per second after that
@@ -104,6 +116,7 @@ class ReceiptServer:
         self._next_conn = 0
         self._lines: dict[int | None, Bucket] = {}
         self._logs: dict[int | None, Bucket] = {}
+        self.max_listeners = listener_cap()
 
     # ------------------------------------------------------------ lifetime
 
@@ -155,7 +168,7 @@ class ReceiptServer:
         path = os.path.join(directory, f"courier-{os.getpid()}.sock")
         if problem is None and len(os.fsencode(path)) > registry.MAX_SOCKET_PATH_BYTES:
             problem = "socket_path_too_long"
-        if problem is None and len(self.listeners) >= MAX_LISTENERS:
+        if problem is None and len(self.listeners) >= self.max_listeners:
             # Make room: the least recently used listener goes first.
             oldest = min(self.listeners, key=lambda d: self.listeners[d].used)
             self._close(self.listeners.pop(oldest))
