@@ -1,8 +1,10 @@
-"""End to end against the real Claude Code CLI (2.1.328) in tmux, talking only to a mock API on 127.0.0.1.
+"""End to end against the real Claude Code CLI in tmux, talking only to a mock API on 127.0.0.1.
 
-Each scenario is a test that can fail. Artifacts (the mock's request log, pane
-captures, courier's log) are written to artifacts/e2e/<test>/ for every run, so
-a failure explains itself.
+The release is the pinned 2.1.328 unless COURIER_E2E_CLAUDE_VERSION says otherwise (conftest.py); it is in every
+test's id (`test_wake[2.1.328]`) and in every artifacts/e2e-results.jsonl row. Each scenario is a test that can
+fail. Artifacts (the mock's request log, pane captures, courier's log) are written to artifacts/e2e/<test>/ for
+every run, so a failure explains itself. Tests marked `core` are the version matrix's scenarios: CI runs them on
+`latest` and on the oldest supported release too (.ci/run).
 """
 
 from __future__ import annotations
@@ -37,10 +39,11 @@ def _unavailable(reason: str):
 
 
 @pytest.fixture(scope="session")
-def claude_bin():
+def claude_bin(claude_version):
+    """The entry point of the run's release (claude_version, from conftest.py), installed once per release."""
     if shutil.which("tmux") is None:
         _unavailable("tmux is not installed")
-    binary, why = harness.ensure_cli()
+    binary, why = harness.ensure_cli(claude_version)
     if binary is None:
         _unavailable(why)
     return binary
@@ -106,9 +109,23 @@ class World:
         for s in made:
             self.sessions.append(s)
             s.start(self.registry)
-            wait_until(lambda: self.box_of(s), 15, f"{s.name} to claim a box")
-            wait_until(lambda: "❯" in s.capture(), 20, f"{s.name} to show its prompt")
+            wait_until(lambda s=s: self.box_of(s), 15, f"{s.name} to claim a box")
+            wait_until(lambda s=s: "❯" in s.capture(), 20, f"{s.name} to show its prompt")
         return made
+
+    def without_waiter(self) -> None:
+        """Drop courier's rewake waiter (`… hook wait`) from the hooks `courier hooks install` wrote, leaving the
+        socket doorbell and the prompt as the only ways in (as for hooks installed before the waiter existed)."""
+        path = self.root / "claude" / "settings.json"
+        data = json.loads(path.read_text())
+        for event, entries in list(data.get("hooks", {}).items()):
+            kept = [e for e in entries
+                    if not any(h.get("command", "").endswith(" hook wait") for h in e.get("hooks", []))]
+            if kept:
+                data["hooks"][event] = kept
+            else:
+                del data["hooks"][event]
+        path.write_text(json.dumps(data, indent=2))
 
     def box_of(self, s: harness.Session) -> str | None:
         sid = s.record()["sessionId"]
@@ -123,8 +140,9 @@ class World:
         return None
 
     def start_daemon(self, *args: str) -> None:
-        self.daemon = subprocess.Popen([sys.executable, "-m", "courier", "run", *args], env=self.env,
-                                       stdout=open(self.daemon_log, "a"), stderr=subprocess.STDOUT)
+        with open(self.daemon_log, "a") as log:  # the daemon keeps its own copy of the descriptor
+            self.daemon = subprocess.Popen([sys.executable, "-m", "courier", "run", *args], env=self.env,
+                                           stdout=log, stderr=subprocess.STDOUT)
         wait_until(lambda: self.events("daemon_ready"), 15, "daemon_ready")
 
     def events(self, event=None, **match) -> list[dict]:
@@ -186,11 +204,15 @@ def world(claude_bin, request):
 
 
 def record(result: dict) -> None:
+    """Append one row to artifacts/e2e-results.jsonl, stamped with the release and the test that measured it."""
+    row = {**result, "claude_version": harness.CLI_VERSION,
+           "test": os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" (", 1)[0]}
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     with open(RESULTS, "a") as f:
-        f.write(json.dumps(result) + "\n")
+        f.write(json.dumps(row) + "\n")
 
 
+@pytest.mark.core
 def test_wake(world):
     """A drop wakes an idle real session: the doorbell starts a turn, the same request carries the notice, the mail is in read/."""
     w = world()
@@ -249,9 +271,14 @@ def test_pinned_stale_owner_is_not_rung(world):
     assert path.exists()
 
 
+@pytest.mark.core
 def test_spawn_posture(world):
-    """Bypass sessions: with courier's spawn settings the doorbell wakes them; without, it is held, logged and shown, and delivered at the next prompt."""
+    """Bypass sessions: with courier's spawn settings the doorbell wakes them; without, it is held, logged and shown, and delivered at the next prompt.
+
+    The socket posture alone: courier's waiter would wake the held session after the `held` receipt
+    (test_waiter_e2e.py::test_held_doorbell_moves_to_the_waiter), so this world runs without it."""
     w = world()
+    w.without_waiter()
     spawn = w.courier("spawn-settings").stdout.strip()
     good, bad = w.start_sessions(
         ("bypassok", "--dangerously-skip-permissions", "--settings", spawn),
@@ -259,7 +286,6 @@ def test_spawn_posture(world):
     )
     w.start_daemon()
     h_good, h_bad = w.box_of(good), w.box_of(bad)
-    before = len(w.api.turns())
     w.courier("send", h_good, "--subject", "for good", "--body", "x")
     wait_until(lambda: w.turns_with(h_good + ")"), 20, "the spawn-settings session to wake")
     assert w.events("poke_sent", handle=h_good) and not w.events("poke_receipt", handle=h_good), "accepted: no receipt"

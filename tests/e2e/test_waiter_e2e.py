@@ -132,6 +132,7 @@ def waiter_world(claude_bin, request):  # noqa: F811 - the imported fixture, req
         w.close()
 
 
+@pytest.mark.core
 def test_socketless_session_woken_through_its_waiter(waiter_world):
     """HARBOR_KITE=0: no socket, so the daemon rings the waiter; the turn carries the notice and no body, the
     mail ends in read/, exactly one waiter lives afterwards, the session then stays idle, and none is left at exit."""
@@ -259,7 +260,7 @@ def test_waiter_wake_latency(waiter_world):
     w = waiter_world()
     s = w.socketless("latency")
     handle = w.box_of(s)
-    w.start_daemon()
+    w.start_daemon("--wake-cap", "1000")  # five wakes of one session: this measures latency, not the cap
     rows = []
     previous = None
     for i in range(5):
@@ -306,3 +307,45 @@ def test_held_doorbell_moves_to_the_waiter(waiter_world):
     assert [e["transport"] for e in w.events("poke_sent", handle=handle)] == ["socket", "waiter"]
     wait_until(lambda: (w.mail / handle / "read" / path.name).exists(), 10, "consumed")
     assert "Held message" in s.capture()
+
+
+def test_ping_pong_through_waiters_is_capped(waiter_world):
+    """Two socketless sessions that answer every notice by mailing each other, woken only through their waiters:
+    the wake cap (per session, across transports; a rewake turn is not an operator turn) stops the loop."""
+    import re
+
+    from e2e.mockapi import bash_reply, text_reply
+
+    pair: dict[str, str] = {}
+
+    def policy(body):
+        last = body.get("messages", [])[-1] if body.get("messages") else {}
+        content = last.get("content")
+        if isinstance(content, list) and any(isinstance(c, dict) and c.get("type") == "tool_result" for c in content):
+            return text_reply("sent")
+        m = re.search(r"arrived in your mailbox \(([a-z0-9-]+)\)", json.dumps(body))
+        if m and m.group(1) in pair:
+            return bash_reply(f"courier send {pair[m.group(1)]} --from {m.group(1)} --subject ping --body pong")
+        return text_reply("ok")
+
+    w = waiter_world(policy)
+    a = w.socketless("wping", "--dangerously-skip-permissions")
+    b = w.socketless("wpong", "--dangerously-skip-permissions")
+    ha, hb = w.box_of(a), w.box_of(b)
+    pair.update({ha: hb, hb: ha})
+    for s in (a, b):
+        wait_until(lambda s=s: w.registration(s.pid), 20, f"{s.name}'s waiter")
+    w.start_daemon("--min-poke-interval", "0.5s")
+    w.courier("send", ha, "--from", hb, "--subject", "start", "--body", "serve")
+    time.sleep(40)
+    pokes = {h: len(w.events("poke_sent", handle=h)) for h in (ha, hb)}
+    transports = {e["transport"] for e in w.events("poke_sent")}
+    capped = w.events("wake_capped")
+    record({"scenario": "waiter_ping_pong", "window_s": 40, "pokes": pokes, "wake_capped_events": len(capped),
+            "api_requests": len(w.api.turns())})
+    assert transports == {"waiter"}, transports
+    assert capped, "the cap must stop the loop"
+    assert all(n <= 3 for n in pokes.values()), pokes
+    assert sum(pokes.values()) >= 4, f"the loop should have run before the cap: {pokes}"
+    queued = sum(len([n for n in os.listdir(w.mail / h) if n.endswith(".json") and n != "owner.json"]) for h in (ha, hb))
+    assert queued >= 1, "capped mail stays queued"
