@@ -28,7 +28,8 @@ messaging socket. Any failure leaves the mail where it is for the prompt hook.
 
 PATHS_HELP = """\
 paths (flags win over the config file, which wins over the environment):
-  mail root      --mail-dir, else $HELM_MAIL_DIR, else ~/.helm/mail-<$HELM_DEFAULTS_SUITE>, else ~/.helm/mail
+  mail root      --mail-dir, else $HELM_MAIL_DIR, else ~/.helm/mail-<$HELM_DEFAULTS_SUITE>, else ~/.helm/mail;
+                 with neither flag nor $HELM_MAIL_DIR, `run` also serves every other ~/.helm/mail-<suite>
   Claude config  --claude-config-dir, else $CLAUDE_CONFIG_DIR, else ~/.claude (registry: <dir>/sessions)
   state dir      --state-dir, else $COURIER_STATE_DIR, else $XDG_STATE_HOME/courier, else ~/.local/state/courier
   config file    --config, else $COURIER_CONFIG, else $XDG_CONFIG_HOME/courier/config.toml
@@ -37,7 +38,8 @@ paths (flags win over the config file, which wins over the environment):
 
 def _add_paths(p) -> None:
     g = p.add_argument_group("paths")
-    g.add_argument("--mail-dir", metavar="DIR", help="mail root (default: see 'paths' below)")
+    g.add_argument("--mail-dir", metavar="DIR", action="append",
+                   help="mail root (default: see 'paths' below); repeat it to serve several roots, the first primary")
     g.add_argument("--claude-config-dir", metavar="DIR", help="Claude Code config dir holding sessions/")
     g.add_argument("--state-dir", metavar="DIR", help="courier's own state: lock, wake levels, logs of hooks")
     g.add_argument("--config", metavar="FILE", help="TOML settings (see `courier run --help`)")

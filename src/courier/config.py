@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Mapping
 
-from .paths import claude_config_dir, home, mail_root, registry_dir, state_dir
+from .paths import claude_config_dir, home, mail_root, registry_dir, state_dir, suite_roots
 
 
 class ConfigError(ValueError):
@@ -126,14 +126,24 @@ def parse_duration(text: str) -> float:
 def from_env(
     env: Mapping[str, str] | None = None,
     *,
-    mail_dir: str | None = None,
+    mail_dir: str | list[str] | None = None,
     config_dir: str | None = None,
     state: str | None = None,
     **knobs,
 ) -> Config:
+    """Paths from flags and the environment. Several mail dirs: the first is the primary root (where
+    `send` writes), all are served. None given and no HELM_MAIL_DIR: the convention's root for this
+    suite, plus every other suite's root found beside it (helm keeps one per suite)."""
     env = os.environ if env is None else env
+    dirs = [mail_dir] if isinstance(mail_dir, str) else list(mail_dir or [])
+    if dirs:
+        roots = [mail_root(env, d) for d in dirs]
+    else:
+        primary = mail_root(env)
+        roots = [primary] + [r for r in suite_roots(env) if r != primary]
     cfg = Config(
-        mail_root=mail_root(env, mail_dir),
+        mail_root=roots[0],
+        extra_mail_roots=tuple(roots[1:]),
         claude_config_dir=claude_config_dir(env, config_dir),
         state_dir=state_dir(env, state),
     )
@@ -194,8 +204,13 @@ def load_file(path: Path) -> tuple[dict, dict]:
     knobs, paths = {}, {}
     for key, value in data.items():
         if key in FILE_PATHS:
+            if key == "mail_dir" and isinstance(value, list) and value and all(
+                isinstance(v, str) and v.strip() for v in value
+            ):
+                paths[key] = value  # several roots, the first primary
+                continue
             if not isinstance(value, str) or not value.strip():
-                raise ConfigError(f"{path}: {key} must be a path string")
+                raise ConfigError(f"{path}: {key} must be a path string" + (" or a list of them" if key == "mail_dir" else ""))
             paths[key] = value
             continue
         if key not in FILE_KNOBS:
@@ -219,7 +234,7 @@ def build(
     env: Mapping[str, str] | None = None,
     *,
     config_file: str | None = None,
-    mail_dir: str | None = None,
+    mail_dir: str | list[str] | None = None,
     config_dir: str | None = None,
     state: str | None = None,
     **flag_knobs,

@@ -11,9 +11,10 @@ from __future__ import annotations
 import os
 import shlex
 import stat
+import sys
 from pathlib import Path
 
-from . import lockfile, mailbox, registry, state, waiters
+from . import lockfile, mailbox, registry, safeio, state, waiters
 from .settings import HOOKS, SettingsError, installed_verbs, read_settings
 
 def cmd_doctor(args) -> int:
@@ -31,7 +32,7 @@ def cmd_doctor(args) -> int:
     def warn(msg: str, fix: str) -> None:
         print(f"  warn  {msg}\n        fix: {fix}")
 
-    print(f"mail root      {cfg.mail_root}")
+    print(f"mail root      {cfg.mail_root}" + "".join(f"\n               {r}" for r in cfg.mail_roots[1:]))
     print(f"Claude config  {cfg.claude_config_dir}")
     print(f"state dir      {cfg.state_dir}")
     for root in cfg.mail_roots:
@@ -47,6 +48,30 @@ def cmd_doctor(args) -> int:
             bad(f"mail root {root} is {problem}", f"chmod 700 {shlex.quote(str(root))}")
         else:
             bad(f"mail root {root} is {problem}", f"chown $USER {shlex.quote(str(root))} (or use a root of your own)")
+
+    if os.environ.get("HELM_MAIL_DIR", "").strip().startswith("~"):
+        warn(
+            f"HELM_MAIL_DIR starts with '~': courier and helm's app expand it to {cfg.mail_root}, but helm's own hook "
+            "and pi resolve it relative to each session's directory",
+            "set HELM_MAIL_DIR to an absolute path, so every tool finds the same mail root",
+        )
+    boxes = 0
+    for root in cfg.mail_roots:
+        try:
+            handles, _ = mailbox.list_handles(root)
+        except OSError:
+            continue
+        boxes += len(handles)
+        for handle in handles:
+            try:
+                owner = mailbox.read_owner(root / handle)
+                unread = len(mailbox.list_box(root / handle).queued) if owner.retired_at is not None else 0
+            except (OSError, ValueError, safeio.Unsafe, mailbox.Damaged):
+                continue
+            if unread:
+                warn(f"{root / handle} is retired with {unread} unread (its {owner.runtime or '?'} owner left)",
+                     "nobody will read it there; `courier who` names the live sessions to resend to")
+    _check_watch_limits(boxes + len(cfg.mail_roots) + 2, ok, warn)
 
     holder = lockfile.holder(cfg.state_dir)
     if holder:
@@ -149,6 +174,27 @@ def cmd_doctor(args) -> int:
         )
     print("doctor: " + ("all good" if not problems else f"{problems} problem(s)"))
     return 1 if problems else 0
+
+
+def _check_watch_limits(needed: int, ok, warn) -> None:
+    """inotify needs one watch per box: say so before the kernel does."""
+    if not sys.platform.startswith("linux"):
+        return
+    from .watch_inotify import limits
+
+    limit = limits().get("max_user_watches")
+    if limit is None:
+        return
+    if needed * 2 > limit:
+        want = max(limit, needed) * 2
+        warn(
+            f"inotify allows {limit} watches per user and courier needs {needed} (one per box) beside other programs",
+            f"sudo sysctl fs.inotify.max_user_watches={want} and keep it with "
+            f"'fs.inotify.max_user_watches={want}' in /etc/sysctl.d/90-courier-inotify.conf "
+            "(courier polls the boxes it cannot watch meanwhile)",
+        )
+    else:
+        ok(f"inotify watches: {needed} needed of {limit} allowed")
 
 
 def _held_boxes(state_dir: Path) -> list[str]:

@@ -7,6 +7,7 @@ Logs: nothing. Limits: stdlib only and tiny: the prompt hooks import it on every
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Mapping
 
@@ -30,6 +31,27 @@ def mail_root(env: Mapping[str, str], flag: str | None = None) -> Path:
     if suite not in _NO_SUITE and "/" not in suite:
         return home(env) / ".helm" / f"mail-{suite}"
     return home(env) / ".helm" / "mail"
+
+
+def suite_roots(env: Mapping[str, str]) -> list[Path]:
+    """Every mail root of the convention beside the default one (~/.helm/mail and ~/.helm/mail-<suite>),
+    as they exist now; [] when HELM_MAIL_DIR names a root of its own."""
+    if env.get("HELM_MAIL_DIR", "").strip():
+        return []
+    parent = home(env) / ".helm"
+    try:
+        names = sorted(os.listdir(parent))
+    except OSError:
+        return []
+    roots = []
+    for name in names:
+        suite = name[len("mail-"):] if name.startswith("mail-") else None
+        if name != "mail" and (suite is None or suite.strip() in _NO_SUITE or suite != suite.strip()):
+            continue
+        path = parent / name
+        if path.is_dir() and not path.is_symlink():
+            roots.append(path)
+    return roots
 
 
 def claude_config_dir(env: Mapping[str, str], flag: str | None = None) -> Path:

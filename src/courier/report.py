@@ -21,6 +21,8 @@ from .text import one_line
 
 @dataclass
 class Row:
+    root: str
+    retired: bool
     handle: str
     runtime: str | None
     owner_pid: int | None
@@ -62,17 +64,26 @@ def reachable(result: Target | Unreachable) -> Target | Unreachable:
 
 
 def rows(cfg: Config, handles: list[str] | None = None) -> list[Row]:
+    """One row per box of every mail root the daemon serves (only `handles`, if given)."""
     index = registry.SessionIndex.build(cfg.registry_dir)
     table, _problem = wakecap.load(cfg.state_dir, cfg.wake_cap, time.time())
     snap = state.read_status(cfg.state_dir).get("boxes", {})
     if not isinstance(snap, dict):
         snap = {}
-    root = cfg.mail_root
-    if handles is None:
-        try:
-            handles, _skipped = mailbox.list_handles(root)
-        except FileNotFoundError:
-            handles = []
+    out: list[Row] = []
+    for root in cfg.mail_roots:
+        if handles is None:
+            try:
+                names, _skipped = mailbox.list_handles(root)
+            except OSError:
+                names = []
+        else:
+            names = [h for h in handles if (root / h).is_dir()]
+        out.extend(_root_rows(cfg, root, names, index, table, snap))
+    return out
+
+
+def _root_rows(cfg: Config, root, handles, index, table, snap) -> list[Row]:
     now = time.time()
     out = []
     for handle in handles:
@@ -91,8 +102,11 @@ def rows(cfg: Config, handles: list[str] | None = None) -> list[Row]:
             level = table.levels[wakecap.box_key(handle)]  # not yet migrated by the daemon
         level = wakecap.apply_operator_turn(level, wakecap.operator_turn_at(cfg.state_dir, handle, sid))
         info = snap.get(str(box)) if isinstance(snap.get(str(box)), dict) else {}
+        retired = bool(owner and owner.retired_at is not None)
         out.append(
             Row(
+                root=str(root),
+                retired=retired,
                 handle=handle,
                 runtime=_line(runtime, 16),
                 owner_pid=opid,
@@ -151,8 +165,16 @@ def render(rows_: list[Row], daemon_pid: int | None, as_json: bool) -> str:
         f"{'HANDLE':<28} {'RUNTIME':<7} {'PID':>7} {'SESSION':<10} {'REACH':<22} {'QUEUED':>6} "
         f"{'RUNG':<4} {'LEVEL':>5} {'LAST RING':<10} {'CLAUDE':<9} RECEIPT"
     ]
-    for r in rows_:
-        reach = "ok" if r.reachable else "waiter" if r.waiter else (r.reason or "?")
+    roots = sorted({r.root for r in rows_})
+    current = None
+    for r in sorted(rows_, key=lambda r: (r.root, r.handle)) if len(roots) > 1 else rows_:
+        if len(roots) > 1 and r.root != current:
+            current = r.root
+            lines.append(f"# {current}")
+        if r.retired and r.queued:
+            reach = f"retired, {r.queued} unread"  # pi retires its box at shutdown even with mail queued
+        else:
+            reach = "ok" if r.reachable else "waiter" if r.waiter else (r.reason or "?")
         receipt = "-"
         if r.last_receipt:
             receipt = f"{r.last_receipt.get('status')} {_ago(r.last_receipt.get('at'), now)}"
