@@ -17,6 +17,16 @@ HERE = Path(__file__).parent
 FAKE = HERE / "fakesession.py"
 
 
+def dgram_listener(path, timeout: float = 0.05):
+    """A datagram socket standing in for the service manager's NOTIFY_SOCKET (one listener for every test)."""
+    import socket
+
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    s.bind(str(path))
+    s.settimeout(timeout)
+    return s
+
+
 def wait_for(predicate, timeout: float = 5.0, interval: float = 0.01, what: str = "condition"):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -300,6 +310,26 @@ def fleet(env):
     yield start
     for f in started:
         f.stop()
+
+
+@pytest.fixture
+def barrier(env, fake_session):
+    """Proof that a running daemon has looked at everything that happened before now, instead of a sleep:
+    mail dropped into a fresh box of a fresh session must ring, and it was dropped after everything else.
+    Returns the wait function: barrier(d)."""
+    count = [0]
+
+    def wait(d, timeout: float = 5.0) -> None:
+        count[0] += 1
+        sid = f"sess-barrier-{count[0]}"
+        fs = fake_session(sid)
+        handle = f"zz-barrier-{count[0]:04d}"
+        env.claim(handle, fs.pid, sid)
+        env.drop(handle)
+        wait_for(fs.lines, timeout, what=f"the barrier box {handle} rung")
+        assert d.proc.poll() is None
+
+    return wait
 
 
 @pytest.fixture(autouse=True)

@@ -58,6 +58,41 @@ def send_receipt(line: dict, status: str) -> None:
         s.sendall((json.dumps(receipt) + "\n").encode())
 
 
+def read_connection(conn, timeout: float = 30.0) -> list:
+    """Everything one connection sends until it closes, as parsed lines (unparseable ones kept as text)."""
+    data = b""
+    conn.settimeout(timeout)
+    try:
+        while True:
+            chunk = conn.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+    except OSError:
+        pass
+    conn.close()
+    lines = []
+    for raw in data.split(b"\n"):
+        if not raw.strip():
+            continue
+        try:
+            lines.append(json.loads(raw))
+        except ValueError:
+            lines.append({"unparsed": raw.decode("utf-8", "replace")})
+    return lines
+
+
+def serve(sock, out, on_line=None, timeout: float = 30.0) -> None:
+    """The receive loop every fake session runs: accept, read to EOF, append {"at", "line"} per line to `out`."""
+    while True:
+        conn, _ = sock.accept()
+        now = time.time()
+        for line in read_connection(conn, timeout):
+            out.write(json.dumps({"at": now, "line": line}) + "\n")
+            if on_line is not None:
+                on_line(line)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--socket", help="socket path (default <--socket-dir>/<pid>.sock)")
@@ -111,40 +146,24 @@ def main() -> int:
         time.sleep(3600)
         return 0
     out = open(args.out, "a", buffering=1)
-    held = []
-    while True:
-        conn, _ = sock.accept()
-        if args.behaviour == "close_early":
-            conn.close()
-            continue
-        if args.behaviour == "never_read":
-            held.append(conn)  # accept, never read, never close
-            continue
-        data = b""
-        conn.settimeout(30)
-        try:
-            while True:
-                chunk = conn.recv(65536)
-                if not chunk:
-                    break
-                data += chunk
-        except OSError:
-            pass
-        conn.close()
-        for raw in data.split(b"\n"):
-            if not raw.strip():
-                continue
-            try:
-                line = json.loads(raw)
-            except ValueError:
-                line = {"unparsed": raw.decode("utf-8", "replace")}
-            out.write(json.dumps({"at": time.time(), "line": line}) + "\n")
-            if args.receipt:
-                threading.Thread(target=send_receipt, args=(line, args.receipt), daemon=True).start()
-            if args.pingpong:
-                _pingpong(*args.pingpong)
-            if args.reply and isinstance(line, dict) and line.get("from"):
-                threading.Thread(target=_reply, args=(line,), daemon=True).start()
+    if args.behaviour in ("close_early", "never_read"):
+        held = []
+        while True:
+            conn, _ = sock.accept()
+            if args.behaviour == "close_early":
+                conn.close()
+            else:
+                held.append(conn)  # accept, never read, never close
+
+    def on_line(line) -> None:
+        if args.receipt:
+            threading.Thread(target=send_receipt, args=(line, args.receipt), daemon=True).start()
+        if args.pingpong:
+            _pingpong(*args.pingpong)
+        if args.reply and isinstance(line, dict) and line.get("from"):
+            threading.Thread(target=_reply, args=(line,), daemon=True).start()
+
+    serve(sock, out, on_line)
 
 
 def _pingpong(root: str, me: str, peer: str) -> None:

@@ -17,10 +17,7 @@ import socket
 import sys
 import time
 
-
-def proc_start(pid: int) -> str:
-    raw = open(f"/proc/{pid}/stat").read()
-    return raw[raw.rindex(")") + 2 :].split(" ")[19]
+from fakesession import proc_start, serve  # one fake-session server for every test
 
 
 def child(index: int, args) -> None:
@@ -43,23 +40,7 @@ def child(index: int, args) -> None:
         json.dump(rec, f)
     os.rename(tmp, os.path.join(args.registry, f"{pid}.json"))
     out = open(os.path.join(args.out, f"{pid}.jsonl"), "a", buffering=1)
-    while True:
-        conn, _ = sock.accept()
-        data = b""
-        conn.settimeout(10)
-        try:
-            while True:
-                chunk = conn.recv(65536)
-                if not chunk:
-                    break
-                data += chunk
-        except OSError:
-            pass
-        now = time.time()
-        conn.close()
-        for raw in data.split(b"\n"):
-            if raw.strip():
-                out.write(json.dumps({"at": now, "line": json.loads(raw)}) + "\n")
+    serve(sock, out, timeout=10)
 
 
 def main() -> int:

@@ -65,7 +65,8 @@ def test_installed_hook_command_runs(env):
     p = subprocess.run(cmd, shell=True, input=json.dumps({"session_id": "s-inst-1", "cwd": "/x/inst"}), text=True,
                        env=env.vars(), capture_output=True)
     assert p.returncode == 0
-    assert (env.mail / "inst-st-1" / "owner.json").exists() or any(env.mail.iterdir())
+    assert json.loads((env.mail / "inst-st-1" / "owner.json").read_text())["sessionId"] == "s-inst-1"
+    assert sorted(os.listdir(env.mail)) == ["inst-st-1"]
 
 
 def test_spawn_settings_plain_and_merged(env):
@@ -104,12 +105,14 @@ def test_exec_merges_settings_and_pins_handle(env):
 
 
 def test_systemd_unit_verifies_and_matches_template(tmp_path):
+    """systemd/courier.service is the packaged template rendered for ~/.local/bin/courier, byte for byte
+    (one source; regenerate with `courier service print > systemd/courier.service`)."""
     unit = (REPO / "systemd" / "courier.service").read_text()
-    packaged = (REPO / "src" / "courier" / "data" / "courier.service").read_text()
-    body = lambda t: [l for l in t.splitlines() if l and not l.startswith("#")]
-    assert body(unit) == body(packaged.replace("@COURIER@", "%h/.local/bin/courier"))
-    for key in ("Type=notify", "NotifyAccess=main", "WatchdogSec=", "Restart=on-failure", "StartLimitBurst="):
+    assert unit == service.systemd_unit(["%h/.local/bin/courier"])
+    for key in ("Type=notify", "NotifyAccess=main", "WatchdogSec=", "Restart=on-failure", "RestartPreventExitStatus=3"):
         assert key in unit
+    # A crash loop must never disable courier for good (issue #12): no start limit.
+    assert "StartLimitIntervalSec=0" in unit and "StartLimitBurst" not in unit
     assert "PrivateTmp=" not in unit  # the sockets live under /tmp/cc-socks*
     if shutil.which("systemd-analyze") is None:
         pytest.skip("systemd-analyze is not installed")
@@ -125,6 +128,7 @@ def test_systemd_unit_verifies_and_matches_template(tmp_path):
 
 def test_launchd_plist_round_trips():
     raw = (REPO / "launchd" / "dev.courier.daemon.plist").read_bytes()
+    assert raw == (REPO / "src" / "courier" / "data" / "dev.courier.daemon.plist").read_bytes(), "one source"
     data = plistlib.loads(raw)
     assert plistlib.loads(plistlib.dumps(data)) == data
     assert data["RunAtLoad"] is True and data["KeepAlive"] == {"SuccessfulExit": False}
@@ -159,14 +163,14 @@ def test_status_json_and_text(env, fake_session, daemon):
     assert "st-0001" in text and "2 boxes, 2 with mail, 1 reachable" in text
 
 
-def test_status_is_fast_on_1000_boxes(env):
+def test_status_lists_1000_boxes_each_once_with_its_reason(env):
+    """Every box once, each judged (its speed is measured in bench/, not asserted here)."""
     for i in range(1000):
         env.claim(f"b-{i:04d}", 4000000 + i, f"s-{i}")
-    t = time.monotonic()
     p = courier(env, "status", "--json")
-    elapsed = time.monotonic() - t
-    assert p.returncode == 0 and len(json.loads(p.stdout)["boxes"]) == 1000
-    print(f"status on 1000 boxes: {elapsed:.2f}s")
+    rows = json.loads(p.stdout)["boxes"]
+    assert p.returncode == 0 and sorted(r["handle"] for r in rows) == [f"b-{i:04d}" for i in range(1000)]
+    assert {r["reason"] for r in rows} == {"no_record"}
 
 
 def test_doctor_reports_problems_with_fixes(env, daemon):
@@ -192,15 +196,15 @@ def test_log_renders_and_filters(env):
     assert "session_unreachable" in out and "pid_dead" in out and "a-1" not in out
 
 
-def test_sighup_rescans_and_keeps_state(env, fake_session, daemon):
+def test_sighup_rescans_and_keeps_state(env, fake_session, daemon, barrier):
     fs = fake_session("sess-hup")
     env.claim("hup-0001", fs.pid, "sess-hup")
     d = daemon()
     env.drop("hup-0001")
     wait_for(fs.lines)
     d.proc.send_signal(signal.SIGHUP)
-    d.wait_event("reload_requested")
-    time.sleep(0.5)
+    d.wait_event("config_reloaded")
+    barrier(d)  # the rescan the reload asked for has been drained
     assert d.proc.poll() is None and len(fs.lines()) == 1, "a reload must not re-ring an outstanding box"
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 import random
 import signal
 import socket
@@ -9,15 +11,12 @@ import subprocess
 import sys
 import time
 
-from conftest import HERE, snapshot, wait_for
+from conftest import HERE, dgram_listener, snapshot, wait_for
 
 
 def _ready_listener(env):
     path = str(env.root / "notify.sock")
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    s.bind(path)
-    s.settimeout(0.02)
-    return s, path
+    return dgram_listener(path, timeout=0.02), path
 
 
 def _wait_ready(s, timeout=15.0) -> float:
@@ -37,6 +36,7 @@ def _queued_boxes(env, handles):
     return {h for h in handles if mailbox.list_box(env.mail / h).queued}
 
 
+@pytest.mark.slow
 def test_kill9_mid_burst_then_restart(env, fleet, daemon):
     """5,000 messages across 500 boxes; kill -9 mid-burst; after restart zero mail lost or altered, every box with
     queued mail rung within 1 s of READY=1, and no box rung twice for the same batch."""
@@ -75,6 +75,7 @@ def test_kill9_mid_burst_then_restart(env, fleet, daemon):
     print(f"restart: {len(queued)} boxes rung within {last_needed - ready_at:.3f}s of READY")
 
 
+@pytest.mark.slow
 def test_twenty_random_kills_during_bursts(env, fleet, daemon):
     """kill -9 at random points during bursts, 20 times: after each restart nothing is lost and every queued box is rung."""
     rng = random.Random(1234)

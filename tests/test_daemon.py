@@ -20,14 +20,14 @@ def backend(request) -> str:
     return request.param
 
 
-def test_drop_rings_once_pinned_and_bodyless(env, fake_session, daemon):
+def test_drop_rings_once_pinned_and_bodyless(env, fake_session, daemon, barrier):
     """A drop reaches the owning session as exactly one valid line, pinned, without any body byte."""
     fs = fake_session("sess-a1")
     env.claim("alice-1234", fs.pid, "sess-a1")
     d = daemon()
     env.drop("alice-1234", body="TOPSECRET-BODY-7f3a", subject="SUBJ-9c1e", sender="FROM-55aa")
     lines = wait_for(fs.lines, what="a doorbell line")
-    time.sleep(0.3)
+    barrier(d)
     assert len(fs.lines()) == 1
     line = lines[0]
     assert line["type"] == "user"
@@ -53,7 +53,7 @@ def test_outstanding_then_rearm_after_drain(env, fake_session, daemon):
     first = env.drop("bob-0001")
     wait_for(lambda: len(fs.lines()) == 1, what="first ring")
     env.drop("bob-0001")
-    time.sleep(0.5)
+    time.sleep(0.5)  # past the 0.1 s pacing a wrong second ring would wait for
     assert len(fs.lines()) == 1, "must not ring again while outstanding"
     # The recipient's hook consumes everything.
     from courier import mailbox
@@ -232,15 +232,15 @@ def test_initial_scan_rings_mail_queued_before_start(env, fake_session, daemon):
     assert sent[0]["ring"] == 1 and sent[0]["queued"] == 1
 
 
-def test_temp_files_owner_and_read_are_not_mail(env, fake_session, daemon):
+def test_temp_files_owner_and_read_are_not_mail(env, fake_session, daemon, barrier):
     """A .tmp file, an owner.json rewrite and files in read/ ring nothing."""
     fs = fake_session("sess-t")
     box = env.claim("tmp-0001", fs.pid, "sess-t")
-    daemon()
+    d = daemon()
     (box / ".tmp-abc").write_text("{}")
     (box / "read" / "1-abcdef.json").write_text("{}")
     env.claim("tmp-0001", fs.pid, "sess-t")
-    time.sleep(0.6)
+    barrier(d)
     assert fs.lines() == []
 
 

@@ -210,6 +210,7 @@ print(json.dumps({"shown": shown, "refused": refused}))
 """
 
 
+@pytest.mark.slow
 def test_sixteen_processes_consume_each_message_exactly_once(env):
     """16 separate processes each run 500 rounds of `deliver` on one box while mail keeps landing:
     every message is consumed exactly once and shown at least once."""

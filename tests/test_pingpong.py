@@ -6,6 +6,8 @@ wall time is a simulated hour (six half-lives). The arithmetic is scale-free.
 
 from __future__ import annotations
 
+import pytest
+
 import json
 import math
 import time
@@ -30,6 +32,7 @@ def _run_pair(env, fake_session, daemon, *daemon_args):
     return d, a, b
 
 
+@pytest.mark.slow
 def test_pingpong_is_bounded_by_cap_plus_decay(env, fake_session, daemon):
     """With the default cap of 3, pokes per recipient over six half-lives stay within the cap plus what decay allows,
     and the mail of the capped exchange stays queued."""
@@ -50,6 +53,7 @@ def test_pingpong_is_bounded_by_cap_plus_decay(env, fake_session, daemon):
     assert received - 1 <= total_files <= received + 1, (total_files, received)
 
 
+@pytest.mark.slow
 def test_without_the_cap_it_burns(env, fake_session, daemon):
     """The same loop with the brake released runs far past the bound: the cap is what stops it."""
     d, _a, _b = _run_pair(env, fake_session, daemon, "--wake-cap", "1000")
@@ -67,7 +71,7 @@ def _ring_and_deliver(env, fs, box, d, times: int) -> None:
         d.wait_event("doorbell_rearmed", count=i + 1, handle=box.name)
 
 
-def test_operator_turn_lets_a_capped_box_ring_again(env, fake_session, daemon):
+def test_operator_turn_lets_a_capped_box_ring_again(env, fake_session, daemon, barrier):
     """Capped: new mail waits. After an operator turn (what the prompt hook records) the next mail rings at once."""
     fs = fake_session("sess-op")
     box = env.claim("op-0001", fs.pid, "sess-op")
@@ -76,7 +80,7 @@ def test_operator_turn_lets_a_capped_box_ring_again(env, fake_session, daemon):
     env.drop("op-0001")
     capped = d.wait_event("wake_capped", handle="op-0001")
     assert capped[0]["wake_level"] > 2 and capped[0]["allowed_at"]
-    time.sleep(0.3)
+    barrier(d)
     assert len(fs.lines()) == 3
     wakecap.record_operator_turn(env.state, "op-0001")
     for name in mailbox.list_box(box).queued:

@@ -104,7 +104,7 @@ def test_replies_are_ignored(env, fake_session, daemon):
     assert ev[0]["peer_pid"] == fs.pid
 
 
-def test_unknown_receipt_and_garbage_do_not_disturb(env, fake_session, daemon):
+def test_unknown_receipt_and_garbage_do_not_disturb(env, fake_session, daemon, barrier):
     fs = fake_session("sess-g")
     env.claim("g-0001", fs.pid, "sess-g")
     d = daemon()
@@ -119,7 +119,7 @@ def test_unknown_receipt_and_garbage_do_not_disturb(env, fake_session, daemon):
                 s.sendall(payload)
             except OSError:
                 pass
-    time.sleep(0.5)
+    barrier(d)
     assert d.proc.poll() is None
     assert not d.events("poke_receipt")
     assert not d.events("session_holds_doorbells")

@@ -12,11 +12,7 @@ import trio
 from courier import sdnotify
 
 
-def _dgram(path):
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    s.bind(path)
-    s.settimeout(0.05)
-    return s
+from conftest import dgram_listener as _dgram
 
 
 def _drain(s, until, want=None):
