@@ -156,11 +156,12 @@ def test_status_json_and_text(env, fake_session, daemon):
     data = json.loads(courier(env, "status", "--json").stdout)
     rows = {r["handle"]: r for r in data["boxes"]}
     assert data["daemon"]["running"] and data["daemon"]["pid"] == d.proc.pid
+    assert data["daemon"]["watcher"]["watcher"] == "inotify"
     assert rows["st-0001"]["reachable"] and rows["st-0001"]["queued"] == 1 and rows["st-0001"]["outstanding"]
     assert rows["st-0001"]["wake_level"] > 0.9 and rows["st-0001"]["last_ring"]
     assert not rows["dead-0001"]["reachable"] and rows["dead-0001"]["reason"] == "no_record"
     text = courier(env, "status").stdout
-    assert "st-0001" in text and "2 boxes, 2 with mail, 1 reachable" in text
+    assert "st-0001" in text and "2 boxes, 2 with mail, 1 reachable" in text and "watcher inotify" in text
 
 
 def test_status_lists_1000_boxes_each_once_with_its_reason(env):

@@ -276,7 +276,7 @@ def cmd_status(args) -> int:
             print(f"courier: {h!r} is not a valid handle", file=sys.stderr)
             return EXIT_USAGE
     rows = report.rows(args.cfg, args.handles or None)
-    print(report.render(rows, lockfile.holder(args.cfg.state_dir), args.json))
+    print(report.render(rows, lockfile.holder(args.cfg.state_dir), args.json, report.watcher_of(args.cfg)))
     return 0
 
 

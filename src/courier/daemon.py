@@ -108,6 +108,7 @@ class Daemon:
                     async with trio.open_nursery() as main:
                         self._main_scope = main.cancel_scope
                         watching = await main.start(self.watcher.run)
+                        self.dispatcher.watcher_info = dict(watching or {})
                         self.dispatcher.registry_dirty(None)
                         self.dispatcher.mark_all()
                         await self.dispatcher.drain()

@@ -94,6 +94,7 @@ class Dispatcher:
         self.poke_nursery: trio.Nursery | None = None
         self._kick = trio.Event()
         self._skipped_logged: set[str] = set()
+        self.watcher_info: dict = {}  # what the watcher said when it was armed (status shows it)
 
     # ------------------------------------------------------------ the watcher's sink
 
@@ -330,7 +331,8 @@ class Dispatcher:
                 "transport": b.transport,
                 "damaged": b.damaged,
             }
-        return {"version": 2, "pid": os.getpid(), "writtenAt": wall, "stats": dict(self.stats), "boxes": boxes}
+        return {"version": 2, "pid": os.getpid(), "writtenAt": wall, "stats": dict(self.stats), "boxes": boxes,
+                "watcher": self.watcher_info}
 
     def status_line(self) -> str:
         waiting = sum(1 for b in self.boxes.values() if b.queued)

@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from typing import Mapping
 
-# The convention treats these suite names as "no suite" (research/helm-mailbox.md).
+# The convention treats these suite names as "no suite" (research/helm-conformance.md §2.1).
 _NO_SUITE = {"", "com.wirasm.helm", "helm"}
 
 

@@ -148,14 +148,20 @@ def _ago(ts: float | None, now: float) -> str:
     return f"{delta / 3600:.1f}h ago"
 
 
-def render(rows_: list[Row], daemon_pid: int | None, as_json: bool) -> str:
+def watcher_of(cfg: Config) -> dict:
+    """What the running daemon said about its watcher (from its status snapshot)."""
+    info = state.read_status(cfg.state_dir).get("watcher")
+    return info if isinstance(info, dict) else {}
+
+
+def render(rows_: list[Row], daemon_pid: int | None, as_json: bool, watcher: dict | None = None) -> str:
     now = time.time()
     waiting = sum(1 for r in rows_ if r.queued)
     reachable = sum(1 for r in rows_ if r.reachable)
     if as_json:
         return json.dumps(
             {
-                "daemon": {"running": daemon_pid is not None, "pid": daemon_pid},
+                "daemon": {"running": daemon_pid is not None, "pid": daemon_pid, "watcher": watcher or {}},
                 "summary": {"boxes": len(rows_), "withMail": waiting, "reachable": reachable},
                 "boxes": [asdict(r) for r in rows_],
             },
@@ -187,6 +193,10 @@ def render(rows_: list[Row], daemon_pid: int | None, as_json: bool) -> str:
             f"{'yes' if r.outstanding else 'no':<4} {r.wake_level:>5.2f} {_ago(r.last_ring, now):<10} "
             f"{(r.version or '-')[:8] + ('' if r.supported is not False else '!'):<9} {receipt}"
         )
-    state = f"running (pid {daemon_pid})" if daemon_pid else "NOT running"
-    lines.append(f"{len(rows_)} boxes, {waiting} with mail, {reachable} reachable; daemon {state}")
+    if daemon_pid:
+        name = _line((watcher or {}).get("watcher"), 16)
+        daemon = f"running (pid {daemon_pid}" + (f", watcher {name})" if name else ")")
+    else:
+        daemon = "NOT running"
+    lines.append(f"{len(rows_)} boxes, {waiting} with mail, {reachable} reachable; daemon {daemon}")
     return "\n".join(lines)
