@@ -170,7 +170,20 @@ JSON = st.recursive(
     lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(max_size=12), c, max_size=6),
     max_leaves=25,
 )
-FILE = st.one_of(st.binary(max_size=3000), JSON.map(lambda v: json.dumps(v).encode()),
+# The shapes issue #12 found in the wild: nesting past any recursion limit, numbers no float holds, JSON's
+# forbidden constants, lone surrogates, invalid UTF-8, huge strings, wrong types, spliced into real JSON.
+POISON = st.one_of(
+    st.integers(65, 120_000).map(lambda n: b"[" * n),
+    st.integers(25, 500).map(lambda n: b'{"pid": ' + b"9" * n + b', "sessionId": "S", "claimedAt": 1}'),
+    st.sampled_from([b"NaN", b"Infinity", b"-Infinity", b"1e999", b"-1e999"]).map(
+        lambda c: b'{"pid": 7, "sessionId": "S", "runtime": "claude", "claimedAt": ' + c + b"}"),
+    st.sampled_from([b"\\ud800", b"\\udfff", b"\\ud83d"]).map(
+        lambda u: b'{"sessionId": "' + u + b'", "from": "' + u + b'", "subject": "' + u + b'"}'),
+    st.binary(min_size=1, max_size=64).map(lambda b: b'{"from": "\xff' + b + b'"}'),
+    st.integers(1 << 16, 2 << 20).map(lambda n: b'{"body": "' + b"a" * n + b'"}'),
+    JSON.map(lambda v: json.dumps({"pid": v, "sessionId": v, "runtime": v, "from": v, "subject": v}).encode()),
+)
+FILE = st.one_of(POISON, st.binary(max_size=3000), JSON.map(lambda v: json.dumps(v).encode()),
                  st.fixed_dictionaries({"from": st.text().filter(lambda t: "ZQXBODY" not in t),
                                         "subject": st.text().filter(lambda t: "ZQXBODY" not in t),
                                         "body": st.text(min_size=1).map(lambda t: "ZQXBODY" + t)}).map(
@@ -209,6 +222,34 @@ def test_fuzz_deliver_never_crashes_escapes_or_leaks(tmp_path_factory, files, na
     after_read = {p.name: p.read_bytes() for p in (box / "read").iterdir()}
     for name, data in before.items():
         assert after_box.get(name) == data or after_read.get(name) == data, "nothing lost or altered"
+
+
+@given(owner_raw=POISON, record_raw=POISON)
+@settings(max_examples=FUZZ, deadline=None, suppress_health_check=list(HealthCheck))
+def test_fuzz_poison_bytes_in_owner_record_and_state(tmp_path_factory, owner_raw, record_raw):
+    """Poisoned bytes as owner.json, as a registry record and as the wake state: resolution, the wake state
+    and both hooks never raise; a poisoned owner or record is an Unreachable with a reason."""
+    from courier import registry, resolve, wakecap
+
+    root = tmp_path_factory.mktemp("fp")
+    box = root / "m" / "fp-0001"
+    (box / "read").mkdir(parents=True)
+    (box / "owner.json").write_bytes(owner_raw)
+    reg = root / "c" / "sessions"
+    reg.mkdir(parents=True)
+    (reg / f"{os.getpid()}.json").write_bytes(record_raw)
+    (root / "s").mkdir()
+    (root / "s" / "wakecap.json").write_bytes(record_raw)
+    _owner, result = resolve.resolve_box(root / "m", reg, "fp-0001", registry.SessionIndex.build(reg),
+                                         registry.own_pid_domain())
+    assert isinstance(result, resolve.Unreachable) and result.reason
+    table, problem = wakecap.load(root / "s", 3, 100.0)
+    assert problem is None or table.get("session:x").value == 3.0
+    env = {"HELM_MAIL_DIR": str(root / "m"), "COURIER_STATE_DIR": str(root / "s"), "CLAUDE_CONFIG_DIR": str(root / "c"),
+           "HOME": str(root)}
+    for verb in ("claim", "deliver"):
+        payload = json.dumps({"session_id": "S", "cwd": "/w/fp", "prompt": "x", "source": "resume"})
+        assert hooks.main(verb, env=env, stdin=io.StringIO(payload), stdout=io.StringIO()) == 0
 
 
 @given(owner=JSON, record=JSON)
