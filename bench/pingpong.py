@@ -47,7 +47,7 @@ def run(half_life_min: float, cap: int) -> dict:
         w.courier("--wake-cap", str(cap), "--wake-half-life", f"{half_life_min * 60 / SCALE}s",
                   "--min-poke-interval", f"{2 / SCALE}s", log=log)
         w.wait_ready(log)
-        bench.mailbox.drop_message(w.mail, "ping-0001", sender="pong-0001", subject="start", body="go")
+        bench.drop_message(w.mail, "ping-0001", sender="pong-0001", subject="start", body="go")
         time.sleep(WINDOW)
         for p in fakes:
             p.kill()
@@ -59,7 +59,7 @@ def run(half_life_min: float, cap: int) -> dict:
                 continue
             pokes += ev == "poke_sent"
             capped += ev == "wake_capped"
-        queued = sum(len(bench.mailbox.list_box(w.mail / h).queued) for h in ("ping-0001", "pong-0001"))
+        queued = sum(bench.queued(w.mail / h) for h in ("ping-0001", "pong-0001"))
         return {"half_life_min": half_life_min, "cap": cap, "pokes_per_hour": pokes, "per_recipient": pokes / 2,
                 "wake_capped_events": capped, "queued_at_end": queued}
     finally:
