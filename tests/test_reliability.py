@@ -107,6 +107,9 @@ async def test_lost_watcher_events_are_caught_by_the_rescan(tmp_path, monkeypatc
         def recheck(self):
             pass
 
+        def complete(self):
+            return False  # it cannot tell what it lost
+
     d.watcher = Blind()
     async with trio.open_nursery() as n:
         await n.start(d.run)

@@ -22,14 +22,15 @@ def is_doorbell(prompt: object) -> bool:
     return isinstance(prompt, str) and prompt.lstrip().startswith(MARKER)
 
 
-_REWAKE = re.compile(r'hook blocking error from command "[^"\n]{0,200}": (?:\\n|\n|\s)*courier: \d+ messages? ')
+# Compiled on first use (re's cache): only a prompt that starts like a task notification needs it.
+_REWAKE = r'hook blocking error from command "[^"\n]{0,200}": (?:\\n|\n|\s)*courier: \d+ messages? '
 
 
 def is_rewake(prompt: object) -> bool:
     """The turn courier's waiter started: Claude frames the waiter's notice as a task notification
     (measured on 2.1.328: research/claude-code-rewake.md). Not an operator turn either."""
     return (isinstance(prompt, str) and prompt.lstrip().startswith("<task-notification>")
-            and bool(_REWAKE.search(prompt[:20000])))
+            and bool(re.search(_REWAKE, prompt[:20000])))
 
 
 def text(ring: int, queued: int, box: str) -> str:

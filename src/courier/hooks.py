@@ -31,8 +31,8 @@ import json
 import os
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping
 
 from . import doorbell, lockfile, mailbox, paths, registry, safeio, wakecap
 from .text import escape, is_plain, one_line

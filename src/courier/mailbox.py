@@ -19,8 +19,9 @@ import os
 import re
 import stat
 import time
+from collections import namedtuple
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, NamedTuple
 
 from . import safeio
 
@@ -181,17 +182,11 @@ class _BoxFd:
 # ---------------------------------------------------------------- owners
 
 
-# NamedTuple, not dataclass: `dataclasses` pulls in `inspect` (~14 ms), and this module is on the hook path.
-class Owner(NamedTuple):
-    handle: str | None
-    runtime: str | None
-    pid: int | None
-    session_id: str | None
-    cwd: str | None
-    claimed_at: float | None
-    provisional: bool
-    retired_at: float | None
-    raw: dict
+# collections.namedtuple, not a dataclass or typing.NamedTuple: `dataclasses` pulls in `inspect` (~14 ms) and
+# `typing` ~3-4 ms, and this module is on the hook path (research/performance.md §6).
+# Owner: handle, runtime, session_id, cwd: str | None; pid: int | None; claimed_at, retired_at: float | None;
+# provisional: bool; raw: the parsed dict.
+Owner = namedtuple("Owner", "handle runtime pid session_id cwd claimed_at provisional retired_at raw")
 
 
 def parse_owner(data: dict) -> Owner:
@@ -223,9 +218,9 @@ def write_owner(box: Path | int, data: dict) -> None:
 # ---------------------------------------------------------------- listing
 
 
-class Listing(NamedTuple):
-    queued: tuple[str, ...]  # messages: regular files with one link, sorted (oldest first)
-    refused: tuple[tuple[str, str], ...]  # (name, why) of *.json entries that are not mail to read
+# queued: messages (regular files with one link), sorted oldest first; refused: (name, why) of *.json
+# entries that are not mail to read.
+Listing = namedtuple("Listing", "queued refused")
 
 
 def entry_refusal(st: os.stat_result) -> str | None:

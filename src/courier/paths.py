@@ -8,8 +8,8 @@ Logs: nothing. Limits: stdlib only and tiny: the prompt hooks import it on every
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping
 
 # The convention treats these suite names as "no suite" (research/helm-conformance.md §2.1).
 _NO_SUITE = {"", "com.wirasm.helm", "helm"}

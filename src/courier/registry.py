@@ -17,8 +17,9 @@ import re
 import stat
 import sys
 import time
+from collections import namedtuple
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable, NamedTuple
 
 from . import safeio
 
@@ -36,20 +37,13 @@ OLDEST_WITH_SOCKET = (2, 1, 248)  # oldest release whose sessions open a socket 
 OLDEST_WITH_MESSAGING = (2, 1, 224)  # messaging exists from here, behind CLAUDE_CODE_HARBOR_KITE=1
 
 
-class Record(NamedTuple):
-    pid: int
-    session_id: str
-    proc_start: str | None
-    pid_domain: str | None
-    socket_path: str | None
-    status: str | None
-    spare: bool
-    parked: bool
-    version: str | None
-    kind: str | None
-    started_at: float | None
-    peer_protocol: int | None = None
-    name: str | None = None  # the record's file name in sessions/
+# One registry record, type-checked: pid, session_id; proc_start, pid_domain, socket_path, status, version,
+# kind: str | None; spare, parked: bool; started_at: float | None; peer_protocol: int | None; name: the file name.
+Record = namedtuple(
+    "Record",
+    "pid session_id proc_start pid_domain socket_path status spare parked version kind started_at peer_protocol name",
+    defaults=(None, None),
+)
 
 
 class BadRecord(Exception):
@@ -58,7 +52,7 @@ class BadRecord(Exception):
         self.reason = reason
 
 
-def parse_record(data: Any, expect_pid: int | None = None, name: str | None = None) -> Record:
+def parse_record(data: object, expect_pid: int | None = None, name: str | None = None) -> Record:
     """Type-check a registry record; raises BadRecord(reason)."""
     if not isinstance(data, dict):
         raise BadRecord("record_not_object")

@@ -21,7 +21,6 @@ import os
 import re
 import stat
 from pathlib import Path
-from typing import Any
 
 MAX_DEPTH = 64  # no file courier reads nests deeper than a handful of levels
 MAX_NUMBER_CHARS = 24  # an int64 is 20 characters with its sign; a float literal a few more
@@ -87,14 +86,15 @@ def _bounded_float(text: str) -> float:
     return value
 
 
-def _no_constants(name: str) -> Any:
+def _no_constants(name: str) -> object:
     raise Unsafe("non_finite_number")  # NaN, Infinity, -Infinity are not JSON
 
 
 _DECODER = json.JSONDecoder(parse_int=_bounded_int, parse_float=_bounded_float, parse_constant=_no_constants)
-_STRINGS = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')  # unrolled: linear, no backtracking
-_BRACKETS = re.compile(rb"[\[\]{}]")
-_SURROGATE = re.compile(r"[\ud800-\udfff]")
+# Patterns, compiled on first use by `re`'s own cache: most files never need them (hook import time).
+_STRINGS = rb'"[^"\\]*(?:\\.[^"\\]*)*"'  # unrolled: linear, no backtracking
+_BRACKETS = rb"[\[\]{}]"
+_SURROGATE = r"[\ud800-\udfff]"
 
 
 def _too_deep(raw: bytes) -> bool:
@@ -103,7 +103,7 @@ def _too_deep(raw: bytes) -> bool:
     if raw.count(b"[") + raw.count(b"{") <= MAX_DEPTH:
         return False
     depth = 0
-    for m in _BRACKETS.finditer(_STRINGS.sub(b'""', raw)):
+    for m in re.finditer(_BRACKETS, re.sub(_STRINGS, b'""', raw)):
         if m.group() in b"[{":
             depth += 1
             if depth > MAX_DEPTH:
@@ -113,7 +113,7 @@ def _too_deep(raw: bytes) -> bool:
     return False
 
 
-def loads(raw: bytes, *, allow_surrogates: bool = False) -> Any:
+def loads(raw: bytes, *, allow_surrogates: bool = False) -> object:
     """Parse bounded JSON; raises Unsafe(reason) for anything that is not plain, finite, shallow JSON."""
     try:
         text = raw.decode("utf-8")
@@ -134,9 +134,9 @@ def loads(raw: bytes, *, allow_surrogates: bool = False) -> Any:
     return value
 
 
-def _has_surrogate(value: Any) -> bool:
+def _has_surrogate(value: object) -> bool:
     if isinstance(value, str):
-        return bool(_SURROGATE.search(value))
+        return bool(re.search(_SURROGATE, value))
     if isinstance(value, dict):
         return any(_has_surrogate(k) or _has_surrogate(v) for k, v in value.items())
     if isinstance(value, list):
@@ -159,7 +159,7 @@ def read_json_object(path: Path | str, limit: int, *, dir_fd: int | None = None,
 # ---------------------------------------------------------------- typed fields
 
 
-def finite_number(value: Any) -> float | None:
+def finite_number(value: object) -> float | None:
     """A JSON number as a finite float, else None. Never raises (no bare float() on input)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
@@ -169,11 +169,11 @@ def finite_number(value: Any) -> float | None:
     return number if math.isfinite(number) else None
 
 
-def positive_int(value: Any, limit: int = 2**31) -> int | None:
+def positive_int(value: object, limit: int = 2**31) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and 0 < value <= limit else None
 
 
-def short_str(value: Any, limit: int = 4096) -> str | None:
+def short_str(value: object, limit: int = 4096) -> str | None:
     return value if isinstance(value, str) and value and len(value) <= limit else None
 
 
@@ -207,7 +207,7 @@ def write_bytes_atomic(
         raise
 
 
-def dumps(data: Any, *, indent: int | None = 2) -> bytes:
+def dumps(data: object, *, indent: int | None = 2) -> bytes:
     """JSON that round-trips: refuses NaN/Infinity rather than writing what no JSON reader accepts."""
     try:
         return (json.dumps(data, indent=indent, ensure_ascii=False, allow_nan=False) + "\n").encode("utf-8")
@@ -216,7 +216,7 @@ def dumps(data: Any, *, indent: int | None = 2) -> bytes:
 
 
 def write_json_atomic(
-    path: Path | str, data: Any, *, fsync: bool = False, mode: int = 0o600, dir_fd: int | None = None
+    path: Path | str, data: object, *, fsync: bool = False, mode: int = 0o600, dir_fd: int | None = None
 ) -> None:
     write_bytes_atomic(path, dumps(data), mode=mode, fsync=fsync, dir_fd=dir_fd)
 

@@ -63,14 +63,23 @@ class StateStore:
         self.dirty = True
         self.on_dirty()
 
-    def save(self, now: float, force: bool = False) -> bool:
-        """Write both files if changed (and not written within the last second unless forced)."""
-        if not self.dirty or (not force and now - self.saved_at < SAVE_INTERVAL_S):
-            return False
-        try:
-            wakecap.save(self.state_dir, self.table)
-            safeio.write_json_atomic(self.state_dir / STATUS_FILE, self.snapshot())
-        except OSError as exc:
+    def due(self, now: float, force: bool = False) -> bool:
+        return self.dirty and (force or now - self.saved_at >= SAVE_INTERVAL_S)
+
+    def _take(self) -> tuple[dict, dict]:
+        """What to write, as fresh dicts (safe to hand to another thread), and the store clean again:
+        a change made while they are written marks it dirty for the next write."""
+        self.dirty = False
+        return wakecap.encode(self.table), self.snapshot()
+
+    @staticmethod
+    def _write(state_dir: Path, table: dict, snapshot: dict) -> None:
+        safeio.write_json_atomic(state_dir / wakecap.STATE_FILE, table)
+        safeio.write_json_atomic(state_dir / STATUS_FILE, snapshot)
+
+    def _written(self, now: float, exc: OSError | None) -> bool:
+        if exc is not None:
+            self.dirty = True
             # ENOSPC and friends: keep running on the in-memory state, say so once per errno.
             if self._errno != exc.errno:
                 self._errno = exc.errno
@@ -78,9 +87,33 @@ class StateStore:
                                reason=errno.errorcode.get(exc.errno or 0, "oserror"))
             return False
         self._errno = None
-        self.dirty = False
         self.saved_at = now
         return True
+
+    def save(self, now: float, force: bool = False) -> bool:
+        """Write both files now, in this thread (at shutdown), if changed."""
+        if not self.due(now, force):
+            return False
+        table, snapshot = self._take()
+        try:
+            self._write(self.state_dir, table, snapshot)
+        except OSError as exc:
+            return self._written(now, exc)
+        return self._written(now, None)
+
+    async def save_in_thread(self, now: float) -> bool:
+        """The same, with the encoding and the writes off the event loop: a big snapshot written once a
+        second was the tail of the notice latency (research/performance.md §1)."""
+        import trio
+
+        if not self.due(now):
+            return False
+        table, snapshot = self._take()
+        try:
+            await trio.to_thread.run_sync(self._write, self.state_dir, table, snapshot)
+        except OSError as exc:
+            return self._written(now, exc)
+        return self._written(now, None)
 
     # ------------------------------------------------------------ levels
 

@@ -43,7 +43,7 @@ import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import NamedTuple
+from collections import namedtuple
 
 from . import hooks, paths, registry, safeio
 
@@ -60,14 +60,9 @@ OK, EMPTY, GONE, ERROR = b"ok\n", b"empty\n", b"gone\n", b"error\n"
 WRONG_SESSION, BAD_REQUEST = b"wrong_session\n", b"bad_request\n"
 
 
-class Registration(NamedTuple):
-    pid: int  # Claude's pid (the file name's too)
-    session_id: str  # the session the waiter was started for (it may have been /cleared since)
-    proc_start: str  # Claude's start token (/proc/<pid>/stat field 22)
-    socket: str
-    waiter_pid: int
-    waiter_start: str | None
-    started_at: float | None
+# pid: Claude's pid (the file name's too); session_id: the session the waiter was started for (it may have
+# been /cleared since); proc_start: Claude's start token; socket; waiter_pid; waiter_start; started_at.
+Registration = namedtuple("Registration", "pid session_id proc_start socket waiter_pid waiter_start started_at")
 
 
 # ---------------------------------------------------------------- the directory and its files (shared with `waiters`)

@@ -22,7 +22,7 @@ import os
 import re
 import time
 from pathlib import Path
-from typing import NamedTuple
+from collections import namedtuple
 
 from . import safeio
 
@@ -34,9 +34,8 @@ SESSION_ID_RE = re.compile(r"^[A-Za-z0-9._-]{1,200}$")
 HANDLE_KEY_RE = re.compile(r"^[a-z0-9](?:[a-z0-9-]{0,253}[a-z0-9])?$")
 
 
-class Level(NamedTuple):
-    value: float  # level at time `at`
-    at: float  # wall-clock seconds
+# value: the level at time `at` (wall-clock seconds).
+Level = namedtuple("Level", "value at")
 
 
 ZERO = Level(0.0, 0.0)

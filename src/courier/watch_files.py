@@ -46,6 +46,10 @@ class WatchfilesWatcher:
         return {"watcher": self.name, "roots": len(self.roots), "registry": self.watching_registry,
                 "step_ms": self.step_ms}
 
+    def complete(self) -> bool:
+        """watchfiles does not say when it lost events: the daemon keeps its regular safety pass."""
+        return False
+
     def stop(self) -> None:
         """Let watchfiles' thread return within one step (a cancelled watch would otherwise wait 5 s)."""
         self._stop.set()

@@ -316,6 +316,13 @@ class InotifyWatcher:
             "poll_interval_s": self.poll_interval_s,
         }
 
+    def complete(self) -> bool:
+        """True if kernel events cover every root, every box and the registry (nothing polled, nothing
+        failed): then a lost event is always announced (IN_Q_OVERFLOW), and the daemon's full safety
+        pass over every box can be rare."""
+        return (self._reg_wd is not None and not self._uncovered and not self._failed
+                and all(r.wd is not None for r in self._roots))
+
     def is_watched(self, root: Path, handle: str) -> bool:
         """True if <root>/<handle>/ has a live watch (event-driven, not polled)."""
         r = self._by_path.get(Path(root))

@@ -70,6 +70,9 @@ class _Fallback:
     def snapshot(self) -> dict:
         return self.active.snapshot()
 
+    def complete(self) -> bool:
+        return self.active.complete()
+
     def stop(self) -> None:
         stop = getattr(self.active, "stop", None)
         if stop is not None:
