@@ -277,3 +277,31 @@ def test_doctor_names_a_session_on_an_unknown_protocol(env, fake_session):
     st = json.loads(courier(env, "status", "--json").stdout)
     row = next(r for r in st["boxes"] if r["handle"] == "proto-0001")
     assert row["reason"] == "peer_protocol_unknown" and row["version"] == "2.1.328" and row["supported"] is False
+
+
+def test_a_reload_that_changes_the_log_level_reaches_every_component(env, fake_session, daemon):
+    """Was: a SIGHUP that changed the log level left the receipts listener logging at the old one. Every
+    component now holds a lazy logger, so the new level reaches the dispatcher and the receipts alike."""
+    cfg = env.root / "levels.toml"
+    cfg.write_text('log_level = "error"\n')
+    fs = fake_session("sess-lvl", reply=True)  # answers each doorbell with a line courier ignores (info level)
+    env.claim("lvl-0001", fs.pid, "sess-lvl")
+    d = daemon("--config", str(cfg), wait_ready=False)
+    wait_for(lambda: d.proc.poll() is None and (env.state / "courier.lock").exists(), what="the daemon up")
+    time.sleep(0.5)
+    env.drop("lvl-0001")
+    wait_for(fs.lines, what="the first ring")
+    time.sleep(0.5)
+    assert not d.events("peer_reply_ignored") and not d.events("poke_sent"), "info events hidden at error level"
+    cfg.write_text('log_level = "debug"\n')
+    d.proc.send_signal(signal.SIGHUP)
+    d.wait_event("config_reloaded")
+    from courier import mailbox
+
+    box = env.mail / "lvl-0001"
+    for name in mailbox.list_box(box).queued:
+        mailbox.consume(box, name)
+    d.wait_event("doorbell_rearmed", handle="lvl-0001")  # a dispatcher event at info
+    env.drop("lvl-0001")
+    d.wait_event("mail_seen", handle="lvl-0001")  # debug, from the decision core
+    d.wait_event("peer_reply_ignored")  # from the receipts bookkeeping
