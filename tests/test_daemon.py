@@ -361,3 +361,84 @@ def test_daemon_ready_names_its_watcher(env, daemon, backend):
     """The backend asked for is the one that runs, and daemon_ready says which."""
     d = daemon()
     assert d.wait_event("daemon_ready")[0]["watcher"] == backend
+
+
+async def test_a_failing_watcher_is_restarted_and_nothing_is_missed(tmp_path):
+    """An unexpected error inside a running watcher backend costs latency, never the daemon: it is logged
+    (watch_failed), every box is looked at again, and the backend is armed again after a back-off."""
+    import trio
+    from structlog.testing import capture_logs
+
+    from courier import watcher
+
+    calls = {"runs": 0, "rescans": []}
+
+    class Flaky:
+        name = "flaky"
+
+        async def run(self, *, task_status=trio.TASK_STATUS_IGNORED):
+            calls["runs"] += 1
+            task_status.started({"watcher": self.name})
+            if calls["runs"] == 1:
+                await trio.sleep(0.1)
+                raise OSError(22, "an errno nobody expected")
+            await trio.sleep_forever()
+
+        def recheck(self):
+            raise RuntimeError("recheck broke too")
+
+        def complete(self):
+            return True
+
+        def snapshot(self):
+            return {}
+
+    class Sink:
+        def rescan(self, reason):
+            calls["rescans"].append(reason)
+
+    import structlog
+
+    with capture_logs() as logs:
+        sup = watcher._Supervised(Flaky(), Sink(), structlog.get_logger())
+        async with trio.open_nursery() as n:
+            info = await n.start(sup.run)
+            sup.recheck()
+            await trio.sleep(1.5)
+            n.cancel_scope.cancel()
+    assert info == {"watcher": "flaky"}
+    assert calls["runs"] == 2 and calls["rescans"] == ["watch_failed", "watch_restarted"]
+    events = [e["event"] for e in logs]
+    assert events.count("watch_failed") == 2 and "watch_restarted" in events
+
+
+async def test_inotify_that_cannot_start_falls_back_before_readiness(tmp_path):
+    """inotify unavailable (say, max_user_instances reached): watchfiles is armed instead, before started(), so
+    readiness still means watching."""
+    import structlog
+    import trio
+    from structlog.testing import capture_logs
+
+    from courier import watcher
+    from courier.watch_inotify import WatcherUnavailable
+
+    class Unavailable:
+        name = "inotify"
+
+        async def run(self, *, task_status=trio.TASK_STATUS_IGNORED):
+            raise WatcherUnavailable("inotify_init1: EMFILE (fs.inotify.max_user_instances)")
+
+    class Portable:
+        name = "watchfiles"
+
+        async def run(self, *, task_status=trio.TASK_STATUS_IGNORED):
+            task_status.started({"watcher": self.name})
+            await trio.sleep_forever()
+
+    with capture_logs() as logs:
+        sup = watcher._Supervised(Unavailable(), None, structlog.get_logger(), fallback=Portable)
+        async with trio.open_nursery() as n:
+            info = await n.start(sup.run)
+            n.cancel_scope.cancel()
+    assert info == {"watcher": "watchfiles"} and sup.name == "watchfiles"
+    assert [e["event"] for e in logs] == ["watcher_fallback"] and "max_user_instances" in logs[0]["reason"]

@@ -370,11 +370,16 @@ def vet_socket_stats(sock: os.stat_result, parent: os.stat_result, uid: int) -> 
     if sock.st_nlink != 1:
         # A hard link to somebody else's socket, planted in a private directory.
         return "socket_hard_linked"
-    if stat.S_ISLNK(parent.st_mode) or not stat.S_ISDIR(parent.st_mode):
+    return private_dir_problem(parent, uid)
+
+
+def private_dir_problem(st: os.stat_result, uid: int) -> str | None:
+    """A socket directory must be a real directory, ours, with no group or other bits (Claude's own rule)."""
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
         return "socket_dir_not_directory"
-    if parent.st_uid != uid:
+    if st.st_uid != uid:
         return "socket_dir_foreign_owner"
-    if parent.st_mode & 0o077:
+    if st.st_mode & 0o077:
         return "socket_dir_permissive"
     return None
 
@@ -388,13 +393,7 @@ def vet_socket_dir(directory: str, uid: int | None = None) -> str | None:
         st = os.lstat(directory)
     except OSError:
         return "socket_missing"
-    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
-        return "socket_dir_not_directory"
-    if st.st_uid != uid:
-        return "socket_dir_foreign_owner"
-    if st.st_mode & 0o077:
-        return "socket_dir_permissive"
-    return None
+    return private_dir_problem(st, uid)
 
 
 def vet_socket(path: str, uid: int | None = None) -> str | None:
