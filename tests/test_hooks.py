@@ -253,3 +253,15 @@ def test_deliver_wall_time_is_recorded_not_asserted(env):
         env.drop("tt")
     p = run_hook(env, "deliver", {"session_id": "s-t", "prompt": "x"})
     assert p.returncode == 0 and b"50 messages arrived" in p.stdout
+
+
+def test_the_hook_log_is_bounded(tmp_path):
+    """Weeks of prompts: past its size the hook log rolls over to hooks.log.1 (one old file), never grows without end."""
+    log = hooks.HookLog(tmp_path)
+    log.MAX_BYTES = 2000
+    for i in range(500):
+        log("hook_delivered", handle="h", shown=i)
+    assert sorted(os.listdir(tmp_path)) == ["hooks.log", "hooks.log.1"]
+    assert os.path.getsize(tmp_path / "hooks.log") <= 2200 and os.path.getsize(tmp_path / "hooks.log.1") <= 2200
+    last = json.loads((tmp_path / "hooks.log").read_text().splitlines()[-1])
+    assert last["shown"] == 499

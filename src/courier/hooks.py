@@ -57,7 +57,12 @@ REFUSALS = {
 
 
 class HookLog:
-    """The daemon's event schema, written by hand: structlog is too heavy for a hook."""
+    """The daemon's event schema, written by hand: structlog is too heavy for a hook.
+
+    One line per prompt for weeks adds up: past MAX_BYTES the file becomes hooks.log.1 (one old file kept).
+    """
+
+    MAX_BYTES = 8 << 20
 
     def __init__(self, state_dir: Path | None):
         self.path = state_dir / "hooks.log" if state_dir else None
@@ -72,8 +77,11 @@ class HookLog:
             fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
             try:
                 os.write(fd, (json.dumps(record, default=str) + "\n").encode())
+                full = os.fstat(fd).st_size > self.MAX_BYTES
             finally:
                 os.close(fd)
+            if full:
+                os.replace(self.path, f"{self.path}.1")
         except OSError:
             pass
 
