@@ -172,3 +172,19 @@ def test_stale_listener_of_dead_courier_removed_only_those(env, fake_session, da
     assert not stale.exists()
     assert live.exists() and other.exists()
     s2.close()
+
+
+def test_a_dropped_doorbell_is_retried_once_per_batch_not_once_per_box(env, fake_session, daemon):
+    """Found by the soak benchmark: after the restructure the one retry of a dropped doorbell was spent for the
+    box's lifetime. Each new batch (after the last one was read) gets its own retry."""
+    from courier import mailbox
+
+    fs = fake_session("sess-drop2", receipt="dropped")
+    box = env.claim("drop-0002", fs.pid, "sess-drop2")
+    d = daemon("--min-poke-interval", "0.2s")
+    for batch in range(1, 3):
+        env.drop("drop-0002")
+        wait_for(lambda n=batch: len(fs.lines()) == 2 * n, what=f"batch {batch}: the ring and its one retry")
+        for name in mailbox.list_box(box).queued:
+            mailbox.consume(box, name)
+        d.wait_event("doorbell_rearmed", handle="drop-0002", count=batch)

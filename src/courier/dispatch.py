@@ -245,9 +245,12 @@ class Dispatcher:
                 log.warning("box_damaged", reason=damaged, fix=mailbox.FIXES[damaged],
                             consequence="its mail is shown at each prompt but never moved to read/")
         now = trio.current_time()
+        outstanding = box.outstanding_since is not None
         decision = decide.decide(box, listing, _World(self, box_id, box), now=now, wall=time.time(),
                                  policy=self.policy, log=log)
         box.failures = 0
+        if outstanding and box.outstanding_since is None and self.receipts is not None:
+            self.receipts.rearmed(box_id)  # a new batch: its doorbell may be retried once again if dropped
         if isinstance(decision, Ring):
             self.last_wake[decision.target.session_id] = now
             if len(self.last_wake) > LAST_WAKE_MAX:
