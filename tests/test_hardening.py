@@ -341,3 +341,27 @@ def test_looking_at_boxes_leaks_no_descriptors(env, fake_session, daemon):
         d.wait_event("doorbell_rearmed", handle="leak-0001", count=i + 2)
     time.sleep(0.2)
     assert fds() <= before + 2, (before, fds())
+
+
+def test_a_peer_opening_a_connection_per_line_gets_one_summary_not_one_per_connection(env, fake_session, daemon):
+    """Found by the soak benchmark: the flood summary was written once per connection, outside the peer's budget."""
+    fs = fake_session("sess-conn")
+    env.claim("conn-0001", fs.pid, "sess-conn")
+    d = daemon()
+    env.drop("conn-0001")
+    wait_for(fs.lines)
+    end = time.monotonic() + 3.0
+    sent = 0
+    while time.monotonic() < end:
+        try:
+            with socket.socket(socket.AF_UNIX) as s:
+                s.connect(listener_of(env, d))
+                s.sendall(b"1\n")
+            sent += 1
+        except OSError:
+            time.sleep(0.005)
+    time.sleep(0.5)
+    assert sent > 200
+    assert len(d.events("peer_flood_suppressed")) <= 1
+    assert len(d.events("peer_reply_ignored")) <= 40
+    assert os.path.getsize(d.log_path) < 50_000

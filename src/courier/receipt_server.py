@@ -57,6 +57,7 @@ PEER_BURST = 32  # lines a peer may send at once ...
 PEER_RATE = 2.0  # ... and per second after that
 LOG_BURST = 20
 LOG_RATE = 0.2
+SUMMARY_EVERY_S = 10.0  # at most one peer_flood_suppressed per peer this often
 PEERS_MAX = 1024
 
 
@@ -67,6 +68,7 @@ class Bucket:
         self.burst, self.rate = burst, rate
         self.tokens, self.at = burst, now
         self.dropped = 0
+        self.summarized_at = float("-inf")
 
     def take(self, now: float) -> bool:
         self.tokens = min(self.burst, self.tokens + (now - self.at) * self.rate)
@@ -308,10 +310,13 @@ class ReceiptServer:
                 break  # no first byte in time
         if buf.strip() and len(buf) <= MAX_LINE and seen < LINES_PER_CONN:
             self._line(buf, pid, lines, logs)
-        if logs.dropped or lines.dropped:
+        now = trio.current_time()
+        if (logs.dropped or lines.dropped) and now - logs.summarized_at >= SUMMARY_EVERY_S:
+            # One summary per peer per period, whatever the number of connections it opens.
             self.log.warning("peer_flood_suppressed", peer_pid=pid, lines_dropped=lines.dropped,
                              log_lines_suppressed=logs.dropped)
             logs.dropped = lines.dropped = 0
+            logs.summarized_at = now
 
     def _bucket(self, table: dict, pid, burst: float, rate: float, now: float) -> Bucket:
         bucket = table.get(pid)
