@@ -640,7 +640,8 @@ def main() -> int:
                         emit(r, args.json_out)
                         if r["kind"] != "floor" and (r["unrung"] or r["lost"]):
                             bad.append(f"latency {r['kind']}: {r['unrung']} never rung, {r['lost']} lost at {boxes}")
-                order = kinds[rep % len(kinds):] + kinds[: rep % len(kinds)]  # rotate: no kind always runs first
+                shift = rep % len(kinds) if kinds else 0
+                order = kinds[shift:] + kinds[:shift]  # rotate: no kind always runs first
                 for kind in order:
                     r = latency_run(kind, boxes, drops, args.spacing_ms, min(args.sessions, boxes), seed=100 + rep)
                     r["rep"] = rep

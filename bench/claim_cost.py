@@ -1,6 +1,9 @@
 """The SessionStart hook's cost: `courier hook claim` with an empty mail root and with 1,000 other boxes.
 
     .venv/bin/python bench/claim_cost.py
+
+Superseded by bench/hookscale.py (claim and deliver at 20,000 boxes, fresh and resumed sessions, hints and
+scans); kept for the small-root numbers.
 """
 import json, os, subprocess, sys, time, statistics
 from pathlib import Path
