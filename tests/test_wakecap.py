@@ -123,3 +123,19 @@ def test_is_doorbell():
     assert doorbell.is_doorbell(doorbell.text(1, 2, "/m/x"))
     assert not doorbell.is_doorbell("please fix the bug")
     assert not doorbell.is_doorbell(None)
+
+
+def test_decayed_levels_are_forgotten_but_never_an_operator_reset_under_a_high_default(tmp_path):
+    """Found by the soak benchmark: the level table grew with every session ever woken. A level decayed to
+    nothing is dropped (an unknown recipient starts at 0 anyway); under the conservative default of a corrupt
+    state, nothing is dropped, since a low level (an operator's reset) says more than the default."""
+    import structlog
+
+    from courier import state
+
+    store = state.StateStore(tmp_path, structlog.get_logger(), cap=3, half_life=600.0)
+    store.table.levels = {"session:old": Level(1.0, 0.0), "session:recent": Level(2.0, 10_000.0)}
+    assert store.prune(10_000.0) == 1 and set(store.table.levels) == {"session:recent"}
+    store.table.default = Level(3.0, 10_000.0)
+    store.table.levels["session:reset"] = Level(0.0, 10_000.0)
+    assert store.prune(10_000.0) == 0 and "session:reset" in store.table.levels

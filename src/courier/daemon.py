@@ -175,6 +175,7 @@ class Daemon:
             start = time.perf_counter()
             self.watcher.recheck()
             self.dispatcher.registry_dirty(None)
+            self.store.prune(time.time())
             now = trio.current_time()
             full = not self.watcher.complete() or now - last_full >= max(FULL_PASS_S, self.cfg.rescan_interval_s)
             count = None

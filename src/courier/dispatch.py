@@ -267,6 +267,7 @@ class Dispatcher:
         if self.boxes.pop(box_id, None) is not None:
             log.info("box_gone")
         self.timers.pop(box_id, None)
+        self.store.forget_box(box_id.handle)
         if self.receipts is not None:
             self.receipts.forget_box(box_id)
 
@@ -335,7 +336,15 @@ class Dispatcher:
                 "damaged": b.damaged,
             }
         return {"version": 2, "pid": os.getpid(), "writtenAt": wall, "stats": dict(self.stats), "boxes": boxes,
-                "watcher": self.watcher_info}
+                "watcher": self.watcher_info, "tables": self.table_sizes()}
+
+    def table_sizes(self) -> dict:
+        """How big every table that grows with mail or sessions is (the soak benchmark watches these)."""
+        sizes = {"boxes": len(self.boxes), "timers": len(self.timers), "last_wake": len(self.last_wake),
+                 "sessions": len(self.sessions), "wake_levels": len(self.store.table.levels)}
+        if self.receipts is not None:
+            sizes.update({f"receipts_{k}": v for k, v in self.receipts.sizes().items()})
+        return sizes
 
     def status_line(self) -> str:
         waiting = sum(1 for b in self.boxes.values() if b.queued)

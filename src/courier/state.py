@@ -156,6 +156,22 @@ class StateStore:
         self.table.levels[recipient] = wakecap.Level(max(0.0, wakecap.level_at(level, wall, self.half_life) - 1.0), wall)
         self.mark_dirty()
 
+    def prune(self, wall: float) -> int:
+        """Forget levels that have decayed to what an unknown recipient gets anyway (sessions come and go:
+        without this the table, and every state write, grows with every session ever woken)."""
+        if wakecap.level_at(self.table.default, wall, self.half_life) > 0.01:
+            return 0  # after a corrupt state the default is high: a low level (an operator's reset) is news
+        gone = [k for k, lvl in self.table.levels.items() if wakecap.level_at(lvl, wall, self.half_life) <= 0.01]
+        for key in gone:
+            del self.table.levels[key]
+        if gone:
+            self.mark_dirty()
+        return len(gone)
+
+    def forget_box(self, handle: str) -> None:
+        if self.table.last_ring.pop(handle, None) is not None:
+            self.mark_dirty()
+
     def next_ring(self) -> int:
         self.table.ring += 1
         self.mark_dirty()
