@@ -81,7 +81,7 @@ class Env:
     def drop(self, handle: str, body: str = "BODY-SECRET", subject: str = "hello", sender: str = "bob") -> Path:
         from courier import mailbox
 
-        return mailbox.drop_message(self.mail, handle, sender=sender, subject=subject, body=body)
+        return Path(mailbox.drop_message(self.mail, handle, sender=sender, subject=subject, body=body))
 
 
 @pytest.fixture

@@ -1,5 +1,6 @@
 """The convention on disk: names, handles, derivation, drops, consumes, hostile files."""
 
+from pathlib import Path
 import os
 import stat
 
@@ -36,7 +37,7 @@ def test_only_safe_shapes_become_paths(name):
 
     root = Path("/mail/root")
     if mailbox.valid_handle(name):
-        p = mailbox.box_dir(root, name)
+        p = Path(mailbox.box_dir(root, name))
         assert p.parent == root and "/" not in name and not name.startswith(".")
     else:
         with pytest.raises(ValueError):
@@ -87,7 +88,7 @@ def test_long_folder_names_match_helm_until_the_filesystem_limit():
 def test_drop_is_atomic_private_and_conventional(tmp_path):
     box = tmp_path / "bob-1"
     box.mkdir()
-    p = mailbox.drop_message(tmp_path, "bob-1", sender="alice", subject="s", body="b", now_ms=1700000000000)
+    p = Path(mailbox.drop_message(tmp_path, "bob-1", sender="alice", subject="s", body="b", now_ms=1700000000000))
     assert p.parent == box and mailbox.valid_message_name(p.name)
     assert stat.S_IMODE(p.stat().st_mode) == 0o600
     data = safeio.read_json_object(p, 1 << 20)
@@ -101,7 +102,9 @@ def test_consume_never_overwrites_an_archived_message(tmp_path):
     (box / "read" / "1-aaaaaa.json").write_text("OLD")
     (box / "1-aaaaaa.json").write_text("NEW")
     dst = mailbox.consume(box, "1-aaaaaa.json")
-    assert dst is not None and dst.name != "1-aaaaaa.json"
+    assert dst is not None
+    dst = Path(dst)
+    assert dst.name != "1-aaaaaa.json"
     assert (box / "read" / "1-aaaaaa.json").read_text() == "OLD"
     assert dst.read_text() == "NEW"
     assert not (box / "1-aaaaaa.json").exists()
@@ -113,7 +116,7 @@ def test_consume_finishes_a_half_done_consume(tmp_path):
     (box / "read").mkdir(parents=True)
     (box / "1-bbbbbb.json").write_text("X")
     os.link(box / "1-bbbbbb.json", box / "read" / "1-bbbbbb.json")  # a crash between link and unlink
-    assert mailbox.consume(box, "1-bbbbbb.json") == box / "read" / "1-bbbbbb.json"
+    assert mailbox.consume(box, "1-bbbbbb.json") == str(box / "read" / "1-bbbbbb.json")
     assert not (box / "1-bbbbbb.json").exists()
 
 

@@ -49,7 +49,7 @@ class Config:
 
     @property
     def registry_dir(self) -> Path:
-        return registry_dir(self.claude_config_dir)
+        return Path(registry_dir(self.claude_config_dir))
 
     @property
     def mail_roots(self) -> tuple:
@@ -137,15 +137,15 @@ def from_env(
     env = os.environ if env is None else env
     dirs = [mail_dir] if isinstance(mail_dir, str) else list(mail_dir or [])
     if dirs:
-        roots = [mail_root(env, d) for d in dirs]
+        roots = [Path(mail_root(env, d)) for d in dirs]
     else:
-        primary = mail_root(env)
-        roots = [primary] + [r for r in suite_roots(env) if r != primary]
+        primary = Path(mail_root(env))
+        roots = [primary] + [Path(r) for r in suite_roots(env) if Path(r) != primary]
     cfg = Config(
         mail_root=roots[0],
         extra_mail_roots=tuple(roots[1:]),
-        claude_config_dir=claude_config_dir(env, config_dir),
-        state_dir=state_dir(env, state),
+        claude_config_dir=Path(claude_config_dir(env, config_dir)),
+        state_dir=Path(state_dir(env, state)),
     )
     knobs = {k: v for k, v in knobs.items() if v is not None}
     return replace(cfg, **knobs).validated()
@@ -177,7 +177,7 @@ def default_config_file(env: Mapping[str, str]) -> Path:
     if explicit:
         return Path(explicit).expanduser()
     xdg = env.get("XDG_CONFIG_HOME", "").strip()
-    base = Path(xdg).expanduser() if xdg else home(env) / ".config"
+    base = Path(xdg).expanduser() if xdg else Path(home(env)) / ".config"
     return base / "courier" / "config.toml"
 
 

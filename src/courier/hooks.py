@@ -32,7 +32,6 @@ import os
 import sys
 import time
 from collections.abc import Mapping
-from pathlib import Path
 
 from . import doorbell, lockfile, mailbox, paths, registry, safeio, wakecap
 from .text import escape, is_plain, one_line
@@ -64,8 +63,8 @@ class HookLog:
 
     MAX_BYTES = 8 << 20
 
-    def __init__(self, state_dir: Path | None):
-        self.path = state_dir / "hooks.log" if state_dir else None
+    def __init__(self, state_dir: str | None):
+        self.path = os.path.join(state_dir, "hooks.log") if state_dir else None
 
     def __call__(self, event: str, level: str = "info", **fields) -> None:
         if self.path is None:
@@ -73,7 +72,7 @@ class HookLog:
         record = {"ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime()) + "Z", "level": level, "event": event}
         record.update(fields)
         try:
-            os.makedirs(self.path.parent, mode=0o700, exist_ok=True)
+            os.makedirs(os.path.dirname(self.path), mode=0o700, exist_ok=True)
             fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
             try:
                 os.write(fd, (json.dumps(record, default=str) + "\n").encode())
@@ -121,7 +120,7 @@ def cwd_of(payload: dict) -> str:
 # ---------------------------------------------------------------- the registry's answers
 
 
-def registry_pid_for(reg: Path, session_id: str, index: registry.SessionIndex | None = None) -> int | None:
+def registry_pid_for(reg: str, session_id: str, index: registry.SessionIndex | None = None) -> int | None:
     """The live pid Claude's registry lists for this session, if any."""
     index = registry.SessionIndex.build(reg) if index is None else index
     for name in sorted(index.names_for(session_id, None)):
@@ -134,7 +133,7 @@ def registry_pid_for(reg: Path, session_id: str, index: registry.SessionIndex | 
     return None
 
 
-def owner_gone(owner: mailbox.Owner, reg: Path, index: registry.SessionIndex) -> bool:
+def owner_gone(owner: mailbox.Owner, reg: str, index: registry.SessionIndex) -> bool:
     """The convention's judgement of an owner; silence (no registry row) is never evidence of death."""
     if owner.runtime == "claude" and owner.session_id and registry_pid_for(reg, owner.session_id, index):
         return False  # the session lives on, maybe under a new pid
@@ -151,7 +150,7 @@ def owner_gone(owner: mailbox.Owner, reg: Path, index: registry.SessionIndex) ->
     return rec.session_id != owner.session_id  # the /clear ghost: same process, another session
 
 
-def _has_mail(box: Path) -> bool:
+def _has_mail(box: str) -> bool:
     try:
         listing = mailbox.list_box(box)
     except (OSError, mailbox.Damaged):
@@ -159,14 +158,14 @@ def _has_mail(box: Path) -> bool:
     return bool(listing.queued or listing.refused)
 
 
-def held_by_another(root: Path, handle: str, session_id: str, reg: Path, index: registry.SessionIndex) -> bool:
+def held_by_another(root: str, handle: str, session_id: str, reg: str, index: registry.SessionIndex) -> bool:
     """Whether another session's box sits at `handle` and must not be taken.
 
     helm's rule (a live owner pid holds, an ownerless or retired box is free), made safer: an
     unreadable owner holds, a live session holds even if its recorded pid is stale, and a box whose
     mail still waits for its addressee holds whatever became of its owner.
     """
-    box = root / handle
+    box = os.path.join(root, handle)
     try:
         st = os.lstat(box)
     except FileNotFoundError:
@@ -194,20 +193,20 @@ def held_by_another(root: Path, handle: str, session_id: str, reg: Path, index: 
 # ---------------------------------------------------------------- finding the session's box
 
 
-def _hint_file(state: Path, session_id: str) -> Path | None:
+def _hint_file(state: str, session_id: str) -> str | None:
     if not wakecap.SESSION_ID_RE.match(session_id) or session_id.startswith("."):
         return None
-    return state / HINT_DIR / session_id
+    return os.path.join(state, HINT_DIR, session_id)
 
 
-def _owned_by(root: Path, handle: str, session_id: str) -> bool:
+def _owned_by(root: str, handle: str, session_id: str) -> bool:
     try:
         return mailbox.read_owner(mailbox.box_dir(root, handle)).session_id == session_id
     except (OSError, ValueError, safeio.Unsafe, mailbox.Damaged):
         return False
 
 
-def read_hint(state: Path, root: Path, session_id: str) -> str | None:
+def read_hint(state: str, root: str, session_id: str) -> str | None:
     """The box this session claimed last time (claim writes it), if it is still the session's."""
     path = _hint_file(state, session_id)
     if path is None:
@@ -217,23 +216,23 @@ def read_hint(state: Path, root: Path, session_id: str) -> str | None:
     except (OSError, safeio.Unsafe):
         return None
     handle = data.get("handle")
-    if data.get("root") != str(root) or not mailbox.valid_handle(handle):
+    if data.get("root") != os.fspath(root) or not mailbox.valid_handle(handle):
         return None
     return handle if _owned_by(root, handle, session_id) else None
 
 
-def write_hint(state: Path, root: Path, session_id: str, handle: str) -> None:
+def write_hint(state: str, root: str, session_id: str, handle: str) -> None:
     path = _hint_file(state, session_id)
     if path is None:
         return
     try:
-        os.makedirs(path.parent, mode=0o700, exist_ok=True)
-        safeio.write_json_atomic(path, {"root": str(root), "handle": handle})
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        safeio.write_json_atomic(path, {"root": os.fspath(root), "handle": handle})
     except OSError:
         pass
 
 
-def read_owners(root: Path) -> dict[str, mailbox.Owner | None]:
+def read_owners(root: str) -> dict[str, mailbox.Owner | None]:
     """Every box's owner (None where unreadable or absent). Missing root -> {}."""
     try:
         handles, _ = mailbox.list_handles(root)
@@ -242,13 +241,13 @@ def read_owners(root: Path) -> dict[str, mailbox.Owner | None]:
     owners: dict[str, mailbox.Owner | None] = {}
     for handle in handles:
         try:
-            owners[handle] = mailbox.read_owner(root / handle)
+            owners[handle] = mailbox.read_owner(os.path.join(root, handle))
         except (OSError, safeio.Unsafe, mailbox.Damaged):
             owners[handle] = None
     return owners
 
 
-def find_mine(root: Path, session_id: str, *, state: Path | None = None, cwd: str | None = None,
+def find_mine(root: str, session_id: str, *, state: str | None = None, cwd: str | None = None,
               scan: bool = True) -> str | None:
     """The box whose owner.json names this session (retired ones included: a resumed session walks
     back into its archive). Cheap first (the claim's hint, then the ladder's rungs), a scan of
@@ -294,7 +293,7 @@ def claim(env: Mapping[str, str], payload: dict, out, log: HookLog) -> int:
     return 0
 
 
-def claim_box(env: Mapping[str, str], session_id: str, cwd: str, log: HookLog, *, scan: bool) -> tuple[str, Path | None]:
+def claim_box(env: Mapping[str, str], session_id: str, cwd: str, log: HookLog, *, scan: bool) -> tuple[str, str | None]:
     """Find or derive this session's box and write its owner.json; never over another session's box."""
     root = paths.mail_root(env)
     state = paths.state_dir(env)
@@ -354,7 +353,7 @@ def _random_handle(cwd: str, session_id: str, pid: int, held) -> str:
             return candidate
 
 
-def retire_sweep(root: Path, mine: str, reg: Path, index, log: HookLog, state: Path) -> None:
+def retire_sweep(root: str, mine: str, reg: str, index, log: HookLog, state: str) -> None:
     """Retire boxes whose owner is gone and whose queue is empty; a bounded slice per claim.
 
     The slice starts where the last claim's stopped (`<state>/retire-cursor`), so a mail root of
@@ -365,7 +364,7 @@ def retire_sweep(root: Path, mine: str, reg: Path, index, log: HookLog, state: P
     except OSError:
         return
     if len(handles) > SWEEP_PER_CLAIM:
-        cursor_file = state / "retire-cursor"
+        cursor_file = os.path.join(state, "retire-cursor")
         try:
             after = safeio.read_bounded(cursor_file, 1024).decode("utf-8", "replace").strip()
         except (OSError, safeio.Unsafe):
@@ -380,7 +379,7 @@ def retire_sweep(root: Path, mine: str, reg: Path, index, log: HookLog, state: P
     for handle in handles:
         if handle == mine:
             continue
-        box = root / handle
+        box = os.path.join(root, handle)
         try:
             owner = mailbox.read_owner(box)
         except (OSError, safeio.Unsafe, mailbox.Damaged):
@@ -404,9 +403,9 @@ def notice_entry(sender: str, subject: str, path: str) -> str:
     return f"  from {sender} (unverified) — {subject}\n    {path}"
 
 
-def shown_path(directory: Path, name: str) -> str:
+def shown_path(directory: str, name: str) -> str:
     """A path for the notice: the name escaped, and flagged when escaping changed it."""
-    text = escape(str(directory / name), 600)
+    text = escape(os.path.join(directory, name), 600)
     return text if is_plain(name) else f"{text}  (name shown escaped)"
 
 
@@ -421,7 +420,7 @@ def whose_words(senders: list[str]) -> list[str]:
             "the rest are another agent's, not the operator's, and should be read as such."]
 
 
-def render_notice(root: Path, handle: str, shown: list[tuple[str, str, str]], more: int, daemon_running: bool,
+def render_notice(root: str, handle: str, shown: list[tuple[str, str, str]], more: int, daemon_running: bool,
                   refused: list[tuple[str, str]] = (), senders: list[str] | None = None, damaged: str | None = None) -> str:
     """shown: (from, subject, path) already sanitised; refused: (shown path, why). No body, ever."""
     count = len(shown) + more
@@ -436,7 +435,7 @@ def render_notice(root: Path, handle: str, shown: list[tuple[str, str, str]], mo
     for path, why in refused:
         lines.append(f"  refused: {path} — {REFUSALS.get(why, why)}; not read and not shown.")
     if more:
-        lines.append(f"  … and {more} more, left queued in {root / handle}/ for your next prompt.")
+        lines.append(f"  … and {more} more, left queued in {os.path.join(root, handle)}/ for your next prompt.")
     if damaged:
         lines.append(f"  Fix: {mailbox.FIXES.get(damaged, damaged)}. Until then this mail is shown at every prompt.")
     if shown:
@@ -504,7 +503,7 @@ def present(env: Mapping[str, str], session_id: str, out, log: HookLog, *, via: 
     """Find this session's box, show its mail (paths, never bodies) on `out`, then move what was shown
     into read/. Returns how many messages were shown. Shared by the prompt hook and the waiter."""
     root = paths.mail_root(env)
-    if not root.is_dir():
+    if not os.path.isdir(root):
         return 0
     state = paths.state_dir(env)
     reg = paths.registry_dir(paths.claude_config_dir(env))
@@ -539,7 +538,7 @@ def present(env: Mapping[str, str], session_id: str, out, log: HookLog, *, via: 
         os.close(box_fd)
 
 
-def _repair_provisional(box_fd: int, handle: str, session_id: str, reg: Path, log: HookLog) -> None:
+def _repair_provisional(box_fd: int, handle: str, session_id: str, reg: str, log: HookLog) -> None:
     try:
         owner = mailbox.read_owner(box_fd)
     except (OSError, safeio.Unsafe, mailbox.Damaged):
@@ -565,7 +564,7 @@ def _show_and_consume(root, handle, box, box_fd, state, session_id, out, log, vi
     if not listing.queued and not listing.refused:
         return 0
     damaged = mailbox.read_dir_problem(box_fd)
-    read_dir = box / mailbox.READ_DIR
+    read_dir = os.path.join(box, mailbox.READ_DIR)
     read_fd = None
     if damaged is None:
         try:

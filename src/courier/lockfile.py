@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import fcntl
 import os
-from pathlib import Path
+import time
 
 LOCK_FILE = "courier.lock"
 
@@ -23,11 +23,19 @@ class Locked(Exception):
 def acquire(state_dir: Path) -> int:
     """Take the lock or raise Locked(holder pid). Returns the fd to keep open for our lifetime."""
     os.makedirs(state_dir, mode=0o700, exist_ok=True)
-    fd = os.open(state_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    fd = os.open(os.path.join(state_dir, LOCK_FILE), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        holder = os.pread(fd, 64, 0).decode("ascii", "replace").strip() or "unknown"
+        # The winner writes its pid just after taking the lock: a loser started in the same instant
+        # waits a moment for it rather than reporting "pid unknown".
+        for _ in range(50):
+            holder = os.pread(fd, 64, 0).decode("ascii", "replace").strip()
+            if holder.isdigit():
+                break
+            time.sleep(0.01)
+        else:
+            holder = holder or "unknown"
         os.close(fd)
         raise Locked(holder) from None
     os.ftruncate(fd, 0)
@@ -38,7 +46,7 @@ def acquire(state_dir: Path) -> int:
 def holder(state_dir: Path) -> int | None:
     """The pid of the running courier for this state dir, -1 if unknown, None if none runs."""
     try:
-        fd = os.open(state_dir / LOCK_FILE, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+        fd = os.open(os.path.join(state_dir, LOCK_FILE), os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
     except OSError:
         return None
     try:

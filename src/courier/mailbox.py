@@ -21,7 +21,6 @@ import stat
 import time
 from collections import namedtuple
 from collections.abc import Callable
-from pathlib import Path
 
 from . import safeio
 
@@ -90,7 +89,7 @@ def tail(ident: str, width: int) -> str:
 def box_dir(root: Path, handle: str) -> Path:
     if not valid_handle(handle):
         raise ValueError(f"not a valid handle: {handle!r}")
-    return root / handle
+    return os.path.join(root, handle)
 
 
 def root_problem(st: os.stat_result, uid: int | None = None) -> str | None:
@@ -362,7 +361,7 @@ def drop_message(
                                                now_ms=now_ms), dir_fd=fd)
     finally:
         os.close(fd)
-    return box_dir(root, handle) / name
+    return os.path.join(box_dir(root, handle), name)
 
 
 def consume(box: Path, name: str) -> Path | None:
@@ -382,7 +381,7 @@ def consume(box: Path, name: str) -> Path | None:
             won = consume_at(fd, rfd, name)
         finally:
             os.close(rfd)
-    return None if won is None else box / READ_DIR / won
+    return None if won is None else os.path.join(box, READ_DIR, won)
 
 
 def consume_at(box_fd: int, read_fd: int, name: str) -> str | None:

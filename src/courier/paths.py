@@ -2,43 +2,47 @@
 
 Trust: reads only the environment it is handed and flags; every path is built from
 those, never from mail content.
-Logs: nothing. Limits: stdlib only and tiny: the prompt hooks import it on every prompt.
+Logs: nothing. Limits: stdlib only and tiny: the prompt hooks import it on every prompt, so paths
+are plain strings (pathlib would cost the hook ~4 ms a prompt; config wraps them in Path for the daemon).
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from pathlib import Path
 
 # The convention treats these suite names as "no suite" (research/helm-conformance.md §2.1).
 _NO_SUITE = {"", "com.wirasm.helm", "helm"}
 
 
-def home(env: Mapping[str, str]) -> Path:
+def _full(path: str) -> str:
+    return os.path.realpath(os.path.expanduser(path))
+
+
+def home(env: Mapping[str, str]) -> str:
     value = env.get("HOME", "").strip()
-    return Path(value) if value else Path.home()
+    return os.path.normpath(value) if value else os.path.expanduser("~")
 
 
-def mail_root(env: Mapping[str, str], flag: str | None = None) -> Path:
+def mail_root(env: Mapping[str, str], flag: str | None = None) -> str:
     """The mail root exactly as the helm convention resolves it, unless a flag overrides."""
     if flag:
-        return Path(flag).expanduser().resolve()
+        return _full(flag)
     override = env.get("HELM_MAIL_DIR", "").strip()
     if override:
-        return Path(override).expanduser().resolve()
+        return _full(override)
     suite = env.get("HELM_DEFAULTS_SUITE", "").strip()
     if suite not in _NO_SUITE and "/" not in suite:
-        return home(env) / ".helm" / f"mail-{suite}"
-    return home(env) / ".helm" / "mail"
+        return os.path.join(home(env), ".helm", f"mail-{suite}")
+    return os.path.join(home(env), ".helm", "mail")
 
 
-def suite_roots(env: Mapping[str, str]) -> list[Path]:
+def suite_roots(env: Mapping[str, str]) -> list[str]:
     """Every mail root of the convention beside the default one (~/.helm/mail and ~/.helm/mail-<suite>),
     as they exist now; [] when HELM_MAIL_DIR names a root of its own."""
     if env.get("HELM_MAIL_DIR", "").strip():
         return []
-    parent = home(env) / ".helm"
+    parent = os.path.join(home(env), ".helm")
     try:
         names = sorted(os.listdir(parent))
     except OSError:
@@ -48,32 +52,32 @@ def suite_roots(env: Mapping[str, str]) -> list[Path]:
         suite = name[len("mail-"):] if name.startswith("mail-") else None
         if name != "mail" and (suite is None or suite.strip() in _NO_SUITE or suite != suite.strip()):
             continue
-        path = parent / name
-        if path.is_dir() and not path.is_symlink():
+        path = os.path.join(parent, name)
+        if os.path.isdir(path) and not os.path.islink(path):
             roots.append(path)
     return roots
 
 
-def claude_config_dir(env: Mapping[str, str], flag: str | None = None) -> Path:
+def claude_config_dir(env: Mapping[str, str], flag: str | None = None) -> str:
     if flag:
-        return Path(flag).expanduser().resolve()
+        return _full(flag)
     configured = env.get("CLAUDE_CONFIG_DIR", "").strip()
     if configured:
-        return Path(configured).expanduser().resolve()
-    return home(env) / ".claude"
+        return _full(configured)
+    return os.path.join(home(env), ".claude")
 
 
-def state_dir(env: Mapping[str, str], flag: str | None = None) -> Path:
+def state_dir(env: Mapping[str, str], flag: str | None = None) -> str:
     if flag:
-        return Path(flag).expanduser().resolve()
+        return _full(flag)
     configured = env.get("COURIER_STATE_DIR", "").strip()
     if configured:
-        return Path(configured).expanduser().resolve()
+        return _full(configured)
     xdg = env.get("XDG_STATE_HOME", "").strip()
     if xdg:
-        return Path(xdg).expanduser().resolve() / "courier"
-    return home(env) / ".local" / "state" / "courier"
+        return os.path.join(_full(xdg), "courier")
+    return os.path.join(home(env), ".local", "state", "courier")
 
 
-def registry_dir(config_dir: Path) -> Path:
-    return config_dir / "sessions"
+def registry_dir(config_dir: str | os.PathLike) -> str:
+    return os.path.join(config_dir, "sessions")

@@ -19,7 +19,6 @@ import sys
 import time
 from collections import namedtuple
 from collections.abc import Iterable
-from pathlib import Path
 
 from . import safeio
 
@@ -122,7 +121,7 @@ def support(version: str | None, protocol: int | None, has_socket: bool) -> tupl
 
 
 def record_path(registry: Path, pid: int) -> Path:
-    return registry / f"{int(pid)}.json"
+    return os.path.join(registry, f"{int(pid)}.json")
 
 
 def pid_of_record_name(name: str) -> int | None:
@@ -136,7 +135,7 @@ def read_record_once(registry: Path, name: str) -> Record:
     if pid is None:
         raise BadRecord("record_bad_name")
     try:
-        data = safeio.read_json_object(registry / name, MAX_RECORD_BYTES)
+        data = safeio.read_json_object(os.path.join(registry, name), MAX_RECORD_BYTES)
     except safeio.Unsafe as exc:
         if exc.reason in ("malformed_json", "not_an_object", "not_utf8"):
             raise BadRecord("record_torn") from None  # Claude writes in place: a half-written record
@@ -303,7 +302,8 @@ def own_pid_domain() -> str | None:
     value = None
     if sys.platform.startswith("linux"):
         try:
-            machine = Path("/etc/machine-id").read_text().strip()
+            with open("/etc/machine-id", encoding="utf-8", errors="replace") as f:
+                machine = f.read().strip()
             ns = os.readlink("/proc/self/ns/pid")
             value = f"linux:{machine}:{ns}"
         except OSError:

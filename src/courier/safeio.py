@@ -20,7 +20,6 @@ import math
 import os
 import re
 import stat
-from pathlib import Path
 
 MAX_DEPTH = 64  # no file courier reads nests deeper than a handful of levels
 MAX_NUMBER_CHARS = 24  # an int64 is 20 characters with its sign; a float literal a few more
@@ -186,8 +185,8 @@ def write_bytes_atomic(
     """Unpredictable O_EXCL temp file beside `path`, then rename: a reader never sees half a file,
     and a link planted at the temp name cannot redirect the write. With `dir_fd`, `path` is a
     name inside that directory (which the caller opened without following links)."""
-    path = Path(path)
-    temp = path.parent / f".tmp-{random_hex(8)}"
+    path = os.fspath(path)
+    temp = os.path.join(os.path.dirname(path), f".tmp-{random_hex(8)}")
     fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=dir_fd)
     try:
         try:

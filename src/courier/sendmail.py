@@ -214,7 +214,7 @@ def deliver_to_box(root: Path, handle: str, *, sender: str, subject: str, body: 
             f"{handle!r} is not a valid handle (lowercase letters, digits and '-', starting and ending with a "
             "letter or digit)")
     check_fields(sender, subject, body)
-    box = mailbox.box_dir(root, handle)
+    box = Path(mailbox.box_dir(root, handle))
     if os.path.islink(box):
         raise SendError(f"box {box} is a symlink; refusing to write through it")
     if not box.is_dir():
@@ -224,7 +224,7 @@ def deliver_to_box(root: Path, handle: str, *, sender: str, subject: str, body: 
         os.makedirs(root, mode=0o700, exist_ok=True)
         mailbox.ensure_box(root, handle)
     try:
-        return mailbox.drop_message(root, handle, sender=sender, subject=subject, body=body)
+        return Path(mailbox.drop_message(root, handle, sender=sender, subject=subject, body=body))
     except mailbox.Damaged as exc:
         raise SendError(f"box {box} is damaged ({exc.reason}); nothing was written") from None
     except safeio.Unsafe as exc:

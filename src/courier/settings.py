@@ -167,7 +167,7 @@ def write_settings(path: Path, data: dict, backup: bool = True) -> Path | None:
 def settings_path(args) -> Path:
     if args.scope == "project":
         return Path(args.project_dir).resolve() / ".claude" / "settings.json"
-    return paths.claude_config_dir(os.environ, args.claude_config_dir) / "settings.json"
+    return Path(paths.claude_config_dir(os.environ, args.claude_config_dir)) / "settings.json"
 
 
 # ---------------------------------------------------------------- hooks install

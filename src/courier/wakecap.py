@@ -21,7 +21,6 @@ import math
 import os
 import re
 import time
-from pathlib import Path
 from collections import namedtuple
 
 from . import safeio
@@ -190,7 +189,7 @@ def _finite(value: object) -> float:
 
 def load(state_dir: Path, cap: int, now: float) -> tuple[Table, str | None]:
     """(table, problem). problem is None, or a reason the file was not trusted."""
-    path = state_dir / STATE_FILE
+    path = os.path.join(state_dir, STATE_FILE)
     try:
         data = safeio.read_json_object(path, MAX_STATE_BYTES)
     except FileNotFoundError:
@@ -205,7 +204,7 @@ def load(state_dir: Path, cap: int, now: float) -> tuple[Table, str | None]:
 
 def save(state_dir: Path, table: Table) -> None:
     """Atomic write; raises OSError (e.g. ENOSPC) for the caller to log."""
-    safeio.write_json_atomic(state_dir / STATE_FILE, encode(table))
+    safeio.write_json_atomic(os.path.join(state_dir, STATE_FILE), encode(table))
 
 
 # ---------------------------------------------------------------- operator turns
@@ -232,11 +231,11 @@ def record_operator_turn(state_dir: Path, handle: str | None, session_id: str | 
     names = operator_turn_names(handle, session_id)
     if not names:
         return
-    directory = state_dir / OPERATOR_DIR
+    directory = os.path.join(state_dir, OPERATOR_DIR)
     os.makedirs(directory, mode=0o700, exist_ok=True)
     stamp = time.time() if now is None else now
     for name in names:
-        safeio.write_json_atomic(directory / name, {"at": stamp})
+        safeio.write_json_atomic(os.path.join(directory, name), {"at": stamp})
 
 
 def operator_turn_at(state_dir: Path, handle: str | None, session_id: str | None = None) -> float | None:
@@ -251,7 +250,7 @@ def read_operator_turns(state_dir: Path, handle: str | None, session_id: str | N
     problems: list[tuple[str, str]] = []
     for name in operator_turn_names(handle, session_id):
         try:
-            data = safeio.read_json_object(state_dir / OPERATOR_DIR / name, 4096)
+            data = safeio.read_json_object(os.path.join(state_dir, OPERATOR_DIR, name), 4096)
         except FileNotFoundError:
             continue
         except safeio.Unsafe as exc:

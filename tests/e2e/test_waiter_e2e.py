@@ -269,7 +269,7 @@ def test_waiter_wake_latency(waiter_world):
         previous = reg["waiterPid"]
         time.sleep(2.5)  # idle, and past the daemon's per-session pacing (2 s)
         t_drop = time.time()
-        path = mailbox.drop_message(w.mail, handle, sender="bench", subject=f"latency {i}", body="z")
+        path = Path(mailbox.drop_message(w.mail, handle, sender="bench", subject=f"latency {i}", body="z"))
         ring_no = i + 1
         turn = wait_until(lambda name=path.name: w.turns_with(name), 30, f"wake {i}")[0]
         sent = wait_until(lambda n=ring_no: [e for e in w.events("poke_sent", handle=handle) if e["ring"] == n], 5,
