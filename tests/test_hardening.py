@@ -365,3 +365,23 @@ def test_a_peer_opening_a_connection_per_line_gets_one_summary_not_one_per_conne
     assert len(d.events("peer_flood_suppressed")) <= 1
     assert len(d.events("peer_reply_ignored")) <= 40
     assert os.path.getsize(d.log_path) < 50_000
+
+
+@pytest.mark.parametrize("name", ["api-1\n", "0190abcd\n", "12.json\n", "12.sock\n", "courier-12.sock\n"])
+def test_a_trailing_newline_never_passes_a_name_check(name):
+    """`re.match(r"^...$")` accepts "x\n" (`$` matches before a final newline): a directory, record, socket
+    or session id ending in a newline passed every name check until they matched whole."""
+    from courier import mailbox, receipt_server, registry, wakecap
+
+    assert not mailbox.valid_handle(name)
+    assert not wakecap.valid_session_id(name)
+    assert not wakecap.valid_key("session:" + name) and not wakecap.valid_key("box:" + name)
+    assert wakecap.operator_turn_names(name, name) == []
+    assert registry.pid_of_record_name(name) is None
+    assert receipt_server.LISTENER_RE.fullmatch(name) is None
+    assert registry.vet_socket_shape("/tmp/claude-0/" + name) is not None
+    # and what is right still passes, so the refusals above are the newline's doing
+    stripped = name.rstrip("\n")
+    assert {"api-1": mailbox.valid_handle, "0190abcd": wakecap.valid_session_id,
+            "12.json": registry.pid_of_record_name, "12.sock": lambda n: registry.vet_socket_shape("/tmp/claude-0/" + n) is None,
+            "courier-12.sock": receipt_server.LISTENER_RE.fullmatch}[stripped](stripped)

@@ -119,7 +119,9 @@ def test_deliver_shows_then_consumes_and_records_operator_turn(env):
     assert str(env.mail / "dee" / "read" / m.name) in out
     assert "SECRET-BODY-XYZ" not in out
     assert (env.mail / "dee" / "read" / m.name).exists() and not m.exists()
-    assert wakecap.operator_turn_at(env.state, "dee") is not None
+    assert wakecap.operator_turn_at(env.state, "dee", "s-d-1") is not None
+    # one file a prompt, named for the session the box's owner names (the daemon looks both names up)
+    assert os.listdir(env.state / wakecap.OPERATOR_DIR) == ["s-s-d-1"]
 
 
 def test_deliver_on_doorbell_is_not_an_operator_turn(env):
@@ -128,7 +130,7 @@ def test_deliver_on_doorbell_is_not_an_operator_turn(env):
     run_hook(env, "claim", {"session_id": "s-bell", "cwd": "/x"}, {"HELM_MAIL_HANDLE": "bell"})
     env.drop("bell")
     run_hook(env, "deliver", {"session_id": "s-bell", "prompt": doorbell.text(3, 1, str(env.mail / "bell"))})
-    assert wakecap.operator_turn_at(env.state, "bell") is None
+    assert wakecap.operator_turn_at(env.state, "bell", "s-bell") is None
 
 
 HOSTILE = [

@@ -33,7 +33,13 @@ import sys
 import time
 from collections.abc import Mapping
 
-from . import doorbell, lockfile, mailbox, paths, registry, safeio, wakecap
+from . import doorbell, lockfile, mailbox, paths, safeio, wakecap
+
+if False:  # for type checkers only (typing.TYPE_CHECKING would import typing, ~3 ms a prompt)
+    from . import registry
+
+# `registry` is imported where it is used: a prompt whose box is known and whose pid is not provisional never
+# needs it, and its import is ~0.7 ms of every prompt (research/performance.md §6).
 from .text import escape, is_plain, one_line
 
 NAME = "courier"
@@ -122,6 +128,8 @@ def cwd_of(payload: dict) -> str:
 
 def registry_pid_for(reg: str, session_id: str, index: registry.SessionIndex | None = None) -> int | None:
     """The live pid Claude's registry lists for this session, if any."""
+    from . import registry
+
     index = registry.SessionIndex.build(reg) if index is None else index
     for name in sorted(index.names_for(session_id, None)):
         try:
@@ -135,6 +143,8 @@ def registry_pid_for(reg: str, session_id: str, index: registry.SessionIndex | N
 
 def owner_gone(owner: mailbox.Owner, reg: str, index: registry.SessionIndex) -> bool:
     """The convention's judgement of an owner; silence (no registry row) is never evidence of death."""
+    from . import registry
+
     if owner.runtime == "claude" and owner.session_id and registry_pid_for(reg, owner.session_id, index):
         return False  # the session lives on, maybe under a new pid
     if owner.pid is None:
@@ -165,6 +175,8 @@ def held_by_another(root: str, handle: str, session_id: str, reg: str, index: re
     unreadable owner holds, a live session holds even if its recorded pid is stale, and a box whose
     mail still waits for its addressee holds whatever became of its owner.
     """
+    from . import registry
+
     box = os.path.join(root, handle)
     try:
         st = os.lstat(box)
@@ -194,7 +206,7 @@ def held_by_another(root: str, handle: str, session_id: str, reg: str, index: re
 
 
 def _hint_file(state: str, session_id: str) -> str | None:
-    if not wakecap.SESSION_ID_RE.match(session_id) or session_id.startswith("."):
+    if not wakecap.valid_session_id(session_id):
         return None
     return os.path.join(state, HINT_DIR, session_id)
 
@@ -295,6 +307,8 @@ def claim(env: Mapping[str, str], payload: dict, out, log: HookLog) -> int:
 
 def claim_box(env: Mapping[str, str], session_id: str, cwd: str, log: HookLog, *, scan: bool) -> tuple[str, str | None]:
     """Find or derive this session's box and write its owner.json; never over another session's box."""
+    from . import registry
+
     root = paths.mail_root(env)
     state = paths.state_dir(env)
     reg = paths.registry_dir(paths.claude_config_dir(env))

@@ -33,7 +33,9 @@ RESERVED_HANDLES = frozenset({"operator"})
 # name. A directory whose name is outside this shape is not a box we will ever
 # build a path from.
 MAX_NAME_BYTES = 255
-HANDLE_RE = re.compile(r"^[a-z0-9](?:[a-z0-9-]{0,253}[a-z0-9])?$")
+# A pattern, matched whole with re.fullmatch (compiled on first use: the prompt hook imports this module;
+# and `$` would also match before a trailing newline).
+HANDLE_PATTERN = r"[a-z0-9](?:[a-z0-9-]{0,253}[a-z0-9])?"
 
 MAX_MESSAGE_BYTES = 1 << 20  # a body larger than 1 MiB is refused by `courier send`
 MAX_OWNER_BYTES = 64 << 10
@@ -56,7 +58,7 @@ FIXES = {
 
 
 def valid_handle(name: str) -> bool:
-    return isinstance(name, str) and bool(HANDLE_RE.match(name))
+    return isinstance(name, str) and re.fullmatch(HANDLE_PATTERN, name) is not None
 
 
 def valid_message_name(name: str) -> bool:

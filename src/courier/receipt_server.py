@@ -33,7 +33,7 @@ from . import doorbell, registry
 from .poke import peer_credentials
 from .receipts import Receipts
 
-LISTENER_RE = re.compile(r"^courier-([0-9]+)\.sock$")
+LISTENER_RE = re.compile(r"courier-([0-9]+)\.sock")
 MAX_LINE = 65536
 FIRST_BYTE_S = 2.0
 READ_S = 5.0
@@ -218,7 +218,7 @@ class ReceiptServer:
         except OSError:
             return
         for name in names:
-            m = LISTENER_RE.match(name)
+            m = LISTENER_RE.fullmatch(name)
             if not m or int(m.group(1)) == os.getpid() or registry.pid_exists(int(m.group(1))):
                 continue
             full = os.path.join(directory, name)

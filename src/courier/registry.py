@@ -23,11 +23,12 @@ from collections.abc import Iterable
 from . import safeio
 
 MAX_RECORD_BYTES = 262_144  # Claude's own reader limit
+# Patterns matched whole with re.fullmatch (`$` would let a trailing newline through), compiled on first use.
 # `<pid>.json` is what Claude writes; `<pid>-<suffix>.json` is tolerated (other tools
 # and future releases); the record itself must name the same pid.
-RECORD_NAME_RE = re.compile(r"^([1-9][0-9]{0,9})(?:-[A-Za-z0-9._-]{1,64})?\.json$")
+RECORD_NAME_PATTERN = r"([1-9][0-9]{0,9})(?:-[A-Za-z0-9._-]{1,64})?\.json"
 # Claude's socket basenames: <pid>.sock, <pid>-<8hex>.sock (pid-namespace clash), <=16 hex.
-SOCKET_NAME_RE = re.compile(r"^(?:[0-9]+(?:-[0-9a-f]{8})?|[0-9a-f]{1,16})\.sock$")
+SOCKET_NAME_PATTERN = r"(?:[0-9]+(?:-[0-9a-f]{8})?|[0-9a-f]{1,16})\.sock"
 MAX_SOCKET_PATH_BYTES = 103
 # peerProtocol values courier has been tested against: every release from 2.1.200 to 2.1.332
 # writes 1 (research/claude-code-versions.md). Anything else is never written to.
@@ -125,7 +126,7 @@ def record_path(registry: Path, pid: int) -> Path:
 
 
 def pid_of_record_name(name: str) -> int | None:
-    m = RECORD_NAME_RE.match(name)
+    m = re.fullmatch(RECORD_NAME_PATTERN, name)
     return int(m.group(1)) if m else None
 
 
@@ -165,7 +166,7 @@ def read_record(registry: Path, name_or_pid: str | int, sleep=time.sleep) -> Rec
 def list_record_names(registry: Path) -> list[str]:
     """Names in sessions/ shaped like records. Raises OSError if the directory cannot be listed."""
     with os.scandir(registry) as entries:
-        return sorted(e.name for e in entries if RECORD_NAME_RE.match(e.name))
+        return sorted(e.name for e in entries if re.fullmatch(RECORD_NAME_PATTERN, e.name))
 
 
 # ---------------------------------------------------------------- the session index
@@ -354,7 +355,7 @@ def vet_socket_shape(path: str) -> str | None:
     parts = path.split("/")
     if ".." in parts or "." in parts:
         return "socket_path_invalid"
-    if not SOCKET_NAME_RE.match(parts[-1]):
+    if not re.fullmatch(SOCKET_NAME_PATTERN, parts[-1]):
         return "socket_name_unexpected"
     return None
 

@@ -29,8 +29,18 @@ STATE_FILE = "wakecap.json"
 OPERATOR_DIR = "operator-turns"
 MAX_STATE_BYTES = 16 << 20
 # Session ids as Claude mints them (UUIDs), and anything else of that alphabet.
-SESSION_ID_RE = re.compile(r"^[A-Za-z0-9._-]{1,200}$")
-HANDLE_KEY_RE = re.compile(r"^[a-z0-9](?:[a-z0-9-]{0,253}[a-z0-9])?$")
+# Matched whole with re.fullmatch, compiled on first use (the prompt hook imports this module).
+SESSION_ID_PATTERN = r"[A-Za-z0-9._-]{1,200}"
+HANDLE_KEY_PATTERN = r"[a-z0-9](?:[a-z0-9-]{0,253}[a-z0-9])?"
+
+
+def valid_session_id(value: object) -> bool:
+    """A session id that may name a file: the charset, at most 200 characters, not hidden."""
+    return isinstance(value, str) and re.fullmatch(SESSION_ID_PATTERN, value) is not None and value[0] != "."
+
+
+def _handle_key(value: str) -> bool:
+    return re.fullmatch(HANDLE_KEY_PATTERN, value) is not None
 
 
 # value: the level at time `at` (wall-clock seconds).
@@ -54,9 +64,9 @@ def valid_key(key: object) -> bool:
         return False
     kind, _, rest = key.partition(":")
     if kind == "session":
-        return bool(SESSION_ID_RE.match(rest))
+        return re.fullmatch(SESSION_ID_PATTERN, rest) is not None
     if kind == "box":
-        return bool(HANDLE_KEY_RE.match(rest))
+        return _handle_key(rest)
     return False
 
 
@@ -158,7 +168,7 @@ def decode(data: object, cap: int, now: float) -> tuple[Table, bool]:
             if not isinstance(entries, dict):
                 return conservative, False
             for handle, entry in entries.items():
-                if not HANDLE_KEY_RE.match(str(handle)) or not isinstance(entry, dict):
+                if not _handle_key(str(handle)) or not isinstance(entry, dict):
                     return conservative, False
                 levels[box_key(handle)] = Level(_finite(entry["level"]), _finite(entry["at"]))
                 if entry.get("lastRing") is not None:
@@ -172,7 +182,7 @@ def decode(data: object, cap: int, now: float) -> tuple[Table, bool]:
                     return conservative, False
                 levels[key] = Level(_finite(entry["level"]), _finite(entry["at"]))
             for handle, at in rings.items():
-                if not HANDLE_KEY_RE.match(str(handle)):
+                if not _handle_key(str(handle)):
                     return conservative, False
                 last[handle] = _finite(at)
     except (KeyError, TypeError, ValueError):
@@ -211,17 +221,19 @@ def save(state_dir: Path, table: Table) -> None:
 #
 # The file contract between the prompt hook and the daemon: the hook, seeing a
 # prompt that is not courier's doorbell, writes <state>/operator-turns/<name>
-# (content: the wall-clock time), named for the session (`s-<session id>`) and for
-# the box (`<handle>`, which older hooks wrote). The daemon reads them when it decides
-# about that recipient: a turn after the level was last raised resets it to 0.
+# (content: the wall-clock time), named for the session (`s-<session id>`), or for the box
+# (`<handle>`) when the session id cannot name a file. The daemon reads both names when it
+# decides about that recipient (older hooks wrote both): a turn after the level was last
+# raised resets it to 0. One write per prompt: the hook finds its box by session id, so the
+# box's owner always names the session the daemon will look up.
 # A file, not a socket, so the hook never waits on the daemon.
 
 
 def operator_turn_names(handle: str | None, session_id: str | None) -> list[str]:
     names = []
-    if session_id and SESSION_ID_RE.match(session_id) and not session_id.startswith("."):
+    if session_id and valid_session_id(session_id):
         names.append(f"s-{session_id}")
-    if handle and HANDLE_KEY_RE.match(handle):
+    if handle and _handle_key(handle):
         names.append(handle)
     return names
 
@@ -234,8 +246,7 @@ def record_operator_turn(state_dir: Path, handle: str | None, session_id: str | 
     directory = os.path.join(state_dir, OPERATOR_DIR)
     os.makedirs(directory, mode=0o700, exist_ok=True)
     stamp = time.time() if now is None else now
-    for name in names:
-        safeio.write_json_atomic(os.path.join(directory, name), {"at": stamp})
+    safeio.write_json_atomic(os.path.join(directory, names[0]), {"at": stamp})
 
 
 def operator_turn_at(state_dir: Path, handle: str | None, session_id: str | None = None) -> float | None:
