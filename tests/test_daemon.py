@@ -102,7 +102,7 @@ FAILURES = [
     ("wrong_peer", "wrong_peer", "poke_failed", "peer_pid_mismatch"),
     ("torn_record", "torn_record", "session_unreachable", "record_torn"),
     ("huge_record", "huge_record", "session_unreachable", "record_too_large"),
-    ("unknown_protocol", "protocol", "session_unreachable", "peer_protocol_unknown"),
+    ("unknown_protocol", "protocol", "peer_protocol_unknown", "peer_protocol_unknown"),  # once per session
     ("hard_linked_socket", "hard_link", "poke_failed", "socket_hard_linked"),
 ]
 

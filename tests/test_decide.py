@@ -33,6 +33,7 @@ class World:
     waiter: bool = False
     lvl: wakecap.Level = wakecap.ZERO
     resolved: int = 0
+    seen: set = field(default_factory=set)
 
     def resolve(self):
         self.resolved += 1
@@ -49,6 +50,12 @@ class World:
 
     def level(self, recipient, target, wall):
         return self.lvl
+
+    def first_sight(self, session_id, what):
+        if (session_id, what) in self.seen:
+            return False
+        self.seen.add((session_id, what))
+        return True
 
 
 def listing(*names, refused=()):
@@ -83,11 +90,11 @@ CASES = [
     ("held receipt moves to the waiter", BoxState(), listing("1.json"), World(block="receipt_held", waiter=True), Ring,
      "waiter", []),
     ("unknown protocol is not written to", BoxState(), listing("1.json"), World(target=target(protocol=2)), Hold,
-     "peer_protocol_unknown", [("session_unreachable", "peer_protocol_unknown")]),
+     "peer_protocol_unknown", [("peer_protocol_unknown", "peer_protocol_unknown")]),
     ("no protocol field is unknown too", BoxState(), listing("1.json"), World(target=target(protocol=None)), Hold,
-     "peer_protocol_unknown", [("session_unreachable", "peer_protocol_unknown")]),
+     "peer_protocol_unknown", [("peer_protocol_unknown", "peer_protocol_unknown")]),
     ("unknown protocol, a waiter", BoxState(), listing("1.json"), World(target=target(protocol=7), waiter=True), Ring,
-     "waiter", []),
+     "waiter", [("peer_protocol_unknown", "peer_protocol_unknown")]),
     ("pacing waits for the session's bucket", BoxState(), listing("1.json"), World(last=NOW - 0.5), Wait, NOW + 1.5, []),
     ("capped holds until decay", BoxState(), listing("1.json"), World(lvl=wakecap.Level(3.0, WALL)), Hold,
      "wake_capped", [("wake_capped", None)]),
@@ -173,3 +180,26 @@ def test_any_protocol_when_the_guard_is_off():
     policy = Policy(min_interval=2.0, outstanding_limit=600.0, cap=3, half_life=600.0, supported_protocols=None)
     result, _ = run(BoxState(), listing("1.json"), World(target=target(protocol=9)), policy=policy)
     assert isinstance(result, Ring) and result.transport == "socket"
+
+
+def test_an_unknown_protocol_is_said_once_per_session_however_many_boxes():
+    """Three boxes of one session on an untested protocol: one warning with the fix; the other boxes' holds
+    are debug lines. A second session on it gets its own warning."""
+    world = World(target=target(protocol=9, version="2.9.0"))
+    said = []
+    for _ in range(3):
+        result, logs = run(BoxState(), listing("1.json"), world)
+        assert isinstance(result, Hold) and result.reason == "peer_protocol_unknown"
+        said += [e for e in logs if e["log_level"] != "debug" and e["event"] != "mail_seen"]
+    assert [(e["event"], e["log_level"]) for e in said] == [("peer_protocol_unknown", "warning")]
+    assert said[0]["protocol"] == 9 and said[0]["version"] == "2.9.0" and said[0]["supported"] == [1]
+    assert "not one courier was tested with" in said[0]["fix"] and said[0]["fallback"] == "prompt"
+    _, logs = run(BoxState(), listing("1.json"), World(target=target(protocol=9, session_id="T"), seen=world.seen))
+    assert [e["event"] for e in logs if e["log_level"] != "debug" and e["event"] != "mail_seen"] == ["peer_protocol_unknown"]
+
+
+def test_the_waiter_ring_says_why_the_socket_was_skipped():
+    result, _ = run(BoxState(), listing("1.json"), World(block="receipt_held", waiter=True))
+    assert isinstance(result, Ring) and result.transport == "waiter" and result.socket_skipped == "receipt_held"
+    result, _ = run(BoxState(), listing("1.json"), World())
+    assert result.transport == "socket" and result.socket_skipped is None

@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
-from . import wakecap
+from . import registry, wakecap
 from .mailbox import Listing
 from .registry import SUPPORTED_PROTOCOLS
 from .resolve import Target, Unreachable
@@ -32,6 +32,7 @@ from .text import escape
 
 SOCKET = "socket"
 WAITER = "waiter"
+PROTOCOL_UNKNOWN = "peer_protocol_unknown"
 
 
 @dataclass
@@ -72,6 +73,7 @@ class Ring(NamedTuple):
     names: tuple[str, ...]
     recipient: str
     level: wakecap.Level
+    socket_skipped: str | None = None  # why the socket was not used, when the waiter carries the wake
 
 
 class Hold(NamedTuple):
@@ -96,6 +98,7 @@ class World(Protocol):
     def receipt_block(self, target: Target, now: float) -> str | None: ...
     def has_waiter(self, target: Target) -> bool: ...
     def level(self, recipient: str, target: Target, wall: float) -> wakecap.Level: ...
+    def first_sight(self, session_id: str, what: str) -> bool: ...
 
 
 def _note(box: BoxState, key: tuple) -> bool:
@@ -151,7 +154,7 @@ def choose_transport(target: Target, blocked: str | None, has_waiter: bool, poli
     if target.socket_path is None:
         problem = "no_socket"
     elif policy.supported_protocols is not None and target.protocol not in policy.supported_protocols:
-        problem = "peer_protocol_unknown"
+        problem = PROTOCOL_UNKNOWN
     elif blocked:
         problem = blocked
     else:
@@ -179,11 +182,19 @@ def decide(box: BoxState, listing: Listing, world: World, *, now: float, wall: f
         return Wait(last + policy.min_interval)
 
     transport, problem = choose_transport(target, world.receipt_block(target, now), world.has_waiter(target), policy)
+    said = False
+    if problem == PROTOCOL_UNKNOWN and world.first_sight(target.session_id, problem):
+        # Once per session, however many boxes it owns: a release speaking a protocol courier has not
+        # been tested with is news for the operator, not a per-box decision.
+        log.warning(PROTOCOL_UNKNOWN, reason=PROTOCOL_UNKNOWN, protocol=target.protocol, version=target.version,
+                    supported=sorted(policy.supported_protocols or ()), queued=box.queued,
+                    fallback=transport or "prompt", fix=registry.support(target.version, target.protocol, True)[1])
+        said = True
     if transport is None:
         box.last_reason = problem
-        if _note(box, ("unreachable", problem, box.queued)):
-            log.info("session_unreachable", reason=problem, queued=box.queued, fallback="prompt",
-                     version=target.version)
+        if _note(box, ("unreachable", problem, box.queued)) and not said:
+            emit = log.debug if problem == PROTOCOL_UNKNOWN else log.info  # said once for the session already
+            emit("session_unreachable", reason=problem, queued=box.queued, fallback="prompt", version=target.version)
         return Hold(problem)
 
     # The wake cap: a brake that holds mail, never eats it; one level per recipient session.
@@ -205,7 +216,7 @@ def decide(box: BoxState, listing: Listing, world: World, *, now: float, wall: f
 
     box.in_flight = True
     box.recipient = recipient
-    return Ring(target, transport, listing.queued, recipient, level)
+    return Ring(target, transport, listing.queued, recipient, level, problem or None)
 
 
 def after_ring(box: BoxState, ring: Ring, sent: bool, reason: str | None, now: float, note: tuple) -> None:

@@ -71,6 +71,15 @@ class _World:
     def level(self, recipient: str, target: Target, wall: float):
         return self.d.store.level(recipient, self.box_id.handle, target.session_id, wall)
 
+    def first_sight(self, session_id: str, what: str) -> bool:
+        seen = self.d.sighted
+        if (session_id, what) in seen:
+            return False
+        if len(seen) >= 10_000:  # sessions come and go for weeks: forget, at worst say it once more
+            seen.clear()
+        seen.add((session_id, what))
+        return True
+
 
 class Dispatcher:
     def __init__(self, roots, registry_dir: Path, store, ringer, log, policy: Policy, *,
@@ -88,6 +97,7 @@ class Dispatcher:
         self.dirty: set[BoxId] = set()
         self.timers: dict[BoxId, float] = {}
         self.last_wake: dict[str, float] = {}
+        self.sighted: set[tuple[str, str]] = set()  # (session id, what) said once per session
         self.sessions = registry.SessionIndex()
         self.stats = ringer.stats
         self.progress = 0.0  # daemon clock of the last step of the loop (the watchdog looks at it)
@@ -341,6 +351,7 @@ class Dispatcher:
     def table_sizes(self) -> dict:
         """How big every table that grows with mail or sessions is (the soak benchmark watches these)."""
         sizes = {"boxes": len(self.boxes), "timers": len(self.timers), "last_wake": len(self.last_wake),
+                 "sighted": len(self.sighted),
                  "sessions": len(self.sessions), "wake_levels": len(self.store.table.levels)}
         if self.receipts is not None:
             sizes.update({f"receipts_{k}": v for k, v in self.receipts.sizes().items()})

@@ -88,6 +88,7 @@ class Ringer:
             wake_level=round(level.value, 3),
             note=result.reason,
             msg_id=msg_id if decision.transport == decide.SOCKET else None,
+            socket_skipped=decision.socket_skipped,
             weak_liveness=True if target.weak else None,
         )
         return Outcome(True, None, number)
