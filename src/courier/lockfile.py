@@ -20,7 +20,7 @@ class Locked(Exception):
         self.holder = holder
 
 
-def acquire(state_dir: Path) -> int:
+def acquire(state_dir: str) -> int:
     """Take the lock or raise Locked(holder pid). Returns the fd to keep open for our lifetime."""
     os.makedirs(state_dir, mode=0o700, exist_ok=True)
     fd = os.open(os.path.join(state_dir, LOCK_FILE), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
@@ -43,7 +43,7 @@ def acquire(state_dir: Path) -> int:
     return fd
 
 
-def holder(state_dir: Path) -> int | None:
+def holder(state_dir: str) -> int | None:
     """The pid of the running courier for this state dir, -1 if unknown, None if none runs."""
     try:
         fd = os.open(os.path.join(state_dir, LOCK_FILE), os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)

@@ -33,9 +33,7 @@ RESERVED_HANDLES = frozenset({"operator"})
 # name. A directory whose name is outside this shape is not a box we will ever
 # build a path from.
 MAX_NAME_BYTES = 255
-# A pattern, matched whole with re.fullmatch (compiled on first use: the prompt hook imports this module;
-# and `$` would also match before a trailing newline).
-HANDLE_PATTERN = r"[a-z0-9](?:[a-z0-9-]{0,253}[a-z0-9])?"
+HANDLE_NAME = safeio.WholeName(r"[a-z0-9](?:[a-z0-9-]{0,253}[a-z0-9])?")
 
 MAX_MESSAGE_BYTES = 1 << 20  # a body larger than 1 MiB is refused by `courier send`
 MAX_OWNER_BYTES = 64 << 10
@@ -58,7 +56,7 @@ FIXES = {
 
 
 def valid_handle(name: str) -> bool:
-    return isinstance(name, str) and re.fullmatch(HANDLE_PATTERN, name) is not None
+    return isinstance(name, str) and HANDLE_NAME.fullmatch(name) is not None
 
 
 def valid_message_name(name: str) -> bool:
@@ -88,7 +86,7 @@ def tail(ident: str, width: int) -> str:
     return ident[-width:].strip("-")
 
 
-def box_dir(root: Path, handle: str) -> Path:
+def box_dir(root: str, handle: str) -> str:
     if not valid_handle(handle):
         raise ValueError(f"not a valid handle: {handle!r}")
     return os.path.join(root, handle)
@@ -109,7 +107,7 @@ def root_problem(st: os.stat_result, uid: int | None = None) -> str | None:
 # ---------------------------------------------------------------- boxes by descriptor
 
 
-def open_box(root: Path, handle: str) -> int:
+def open_box(root: str, handle: str) -> int:
     """An O_NOFOLLOW descriptor for <root>/<handle>. Raises FileNotFoundError, NotADirectoryError,
     Damaged("box_is_symlink"), or OSError."""
     box = box_dir(root, handle)
@@ -160,7 +158,7 @@ def read_dir_problem(box_fd: int) -> str | None:
 class _BoxFd:
     """`with _BoxFd(box) as fd`: accepts a path (opened O_NOFOLLOW) or an fd the caller owns."""
 
-    def __init__(self, box: Path | int):
+    def __init__(self, box: str | int):
         self.box = box
         self.fd = -1
 
@@ -204,13 +202,13 @@ def parse_owner(data: dict) -> Owner:
     )
 
 
-def read_owner(box: Path | int) -> Owner:
+def read_owner(box: str | int) -> Owner:
     """Raises FileNotFoundError when absent, Unsafe(reason) when unusable, Damaged for a symlinked box."""
     with _BoxFd(box) as fd:
         return parse_owner(safeio.read_json_object(OWNER_FILE, MAX_OWNER_BYTES, dir_fd=fd))
 
 
-def write_owner(box: Path | int, data: dict) -> None:
+def write_owner(box: str | int, data: dict) -> None:
     """Write owner.json atomically inside the box, never through a link."""
     with _BoxFd(box) as fd:
         safeio.write_json_atomic(OWNER_FILE, data, dir_fd=fd)
@@ -239,7 +237,7 @@ def entry_refusal(st: os.stat_result) -> str | None:
     return None
 
 
-def list_box(box: Path | int) -> Listing:
+def list_box(box: str | int) -> Listing:
     """List one box. Raises FileNotFoundError/NotADirectoryError if the box is gone, Damaged if it is a link.
 
     Never opens a message: an lstat per entry is enough, so a FIFO cannot block it.
@@ -295,7 +293,7 @@ def being_consumed(box_fd: int, name: str, st: os.stat_result) -> bool:
         os.close(read_fd)
 
 
-def list_handles(root: Path, with_identity: bool = False) -> tuple[list, list[str]]:
+def list_handles(root: str, with_identity: bool = False) -> tuple[list, list[str]]:
     """(valid handles that are real directories, names skipped). Raises if root is unreadable.
 
     With `with_identity`, each handle comes as (handle, (mtime_ns, inode)) of its directory.
@@ -323,7 +321,7 @@ def list_handles(root: Path, with_identity: bool = False) -> tuple[list, list[st
 # ---------------------------------------------------------------- writing
 
 
-def ensure_box(root: Path, handle: str) -> None:
+def ensure_box(root: str, handle: str) -> None:
     """Create <root>/<handle>/read/ (0700) if missing, refusing links."""
     try:
         os.mkdir(box_dir(root, handle), 0o700)
@@ -346,14 +344,14 @@ def message(handle: str, *, sender: str, subject: str, body: str, name: str, now
 
 
 def drop_message(
-    root: Path,
+    root: str,
     handle: str,
     *,
     sender: str,
     subject: str,
     body: str,
     now_ms: int | None = None,
-) -> Path:
+) -> str:
     """Write one convention message into <root>/<handle>/ via .tmp-* + rename. Returns its path."""
     now_ms = int(time.time() * 1000) if now_ms is None else now_ms
     name = new_message_name(now_ms)
@@ -366,7 +364,7 @@ def drop_message(
     return os.path.join(box_dir(root, handle), name)
 
 
-def consume(box: Path, name: str) -> Path | None:
+def consume(box: str, name: str) -> str | None:
     """Move one message into read/. Returns its new path if *this* process won, else None.
 
     link + unlink rather than rename: rename would silently replace an archived
@@ -482,7 +480,7 @@ def _consume_at(box_fd: int, read_fd: int, name: str) -> str | None:
     return dst
 
 
-def retire(box: Path | int, owner_data: dict, now_ms: int | None = None) -> None:
+def retire(box: str | int, owner_data: dict, now_ms: int | None = None) -> None:
     """Mark a box retired in owner.json. Never touches mail."""
     data = dict(owner_data)
     data["retiredAt"] = int(time.time() * 1000) if now_ms is None else now_ms

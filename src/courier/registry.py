@@ -13,7 +13,6 @@ start time; only Linux is exercised by the tests.
 from __future__ import annotations
 
 import os
-import re
 import stat
 import sys
 import time
@@ -23,12 +22,11 @@ from collections.abc import Iterable
 from . import safeio
 
 MAX_RECORD_BYTES = 262_144  # Claude's own reader limit
-# Patterns matched whole with re.fullmatch (`$` would let a trailing newline through), compiled on first use.
 # `<pid>.json` is what Claude writes; `<pid>-<suffix>.json` is tolerated (other tools
 # and future releases); the record itself must name the same pid.
-RECORD_NAME_PATTERN = r"([1-9][0-9]{0,9})(?:-[A-Za-z0-9._-]{1,64})?\.json"
+RECORD_NAME = safeio.WholeName(r"([1-9][0-9]{0,9})(?:-[A-Za-z0-9._-]{1,64})?\.json")
 # Claude's socket basenames: <pid>.sock, <pid>-<8hex>.sock (pid-namespace clash), <=16 hex.
-SOCKET_NAME_PATTERN = r"(?:[0-9]+(?:-[0-9a-f]{8})?|[0-9a-f]{1,16})\.sock"
+SOCKET_NAME = safeio.WholeName(r"(?:[0-9]+(?:-[0-9a-f]{8})?|[0-9a-f]{1,16})\.sock")
 MAX_SOCKET_PATH_BYTES = 103
 # peerProtocol values courier has been tested against: every release from 2.1.200 to 2.1.332
 # writes 1 (research/claude-code-versions.md). Anything else is never written to.
@@ -121,16 +119,16 @@ def support(version: str | None, protocol: int | None, has_socket: bool) -> tupl
                    "courier's waiter wakes it if installed (courier hooks install)")
 
 
-def record_path(registry: Path, pid: int) -> Path:
+def record_path(registry: str, pid: int) -> str:
     return os.path.join(registry, f"{int(pid)}.json")
 
 
 def pid_of_record_name(name: str) -> int | None:
-    m = re.fullmatch(RECORD_NAME_PATTERN, name)
+    m = RECORD_NAME.fullmatch(name)
     return int(m.group(1)) if m else None
 
 
-def read_record_once(registry: Path, name: str) -> Record:
+def read_record_once(registry: str, name: str) -> Record:
     """One bounded read of sessions/<name>. Raises FileNotFoundError or BadRecord(reason)."""
     pid = pid_of_record_name(name)
     if pid is None:
@@ -148,7 +146,7 @@ def read_record_once(registry: Path, name: str) -> Record:
     return parse_record(data, pid, name)
 
 
-def read_record(registry: Path, name_or_pid: str | int, sleep=time.sleep) -> Record:
+def read_record(registry: str, name_or_pid: str | int, sleep=time.sleep) -> Record:
     """Read one record, re-reading once after 25 ms on a torn read (Claude writes in place).
 
     Raises FileNotFoundError or BadRecord(reason).
@@ -163,10 +161,10 @@ def read_record(registry: Path, name_or_pid: str | int, sleep=time.sleep) -> Rec
     return read_record_once(registry, name)
 
 
-def list_record_names(registry: Path) -> list[str]:
+def list_record_names(registry: str) -> list[str]:
     """Names in sessions/ shaped like records. Raises OSError if the directory cannot be listed."""
     with os.scandir(registry) as entries:
-        return sorted(e.name for e in entries if re.fullmatch(RECORD_NAME_PATTERN, e.name))
+        return sorted(e.name for e in entries if RECORD_NAME.fullmatch(e.name))
 
 
 # ---------------------------------------------------------------- the session index
@@ -184,7 +182,7 @@ class SessionIndex:
         self._sid_of: dict[str, str] = {}
 
     @classmethod
-    def build(cls, registry: Path) -> "SessionIndex":
+    def build(cls, registry: str) -> "SessionIndex":
         index = cls()
         try:
             names = list_record_names(registry)
@@ -193,7 +191,7 @@ class SessionIndex:
         index.update(registry, names)
         return index
 
-    def update(self, registry: Path, names: Iterable[str]) -> set[str]:
+    def update(self, registry: str, names: Iterable[str]) -> set[str]:
         """Re-read these record names; returns the session ids they named before or now."""
         touched: set[str] = set()
         for name in names:
@@ -234,7 +232,7 @@ class SessionIndex:
         return len(self._sid_of)
 
 
-def candidate_records(registry: Path, names: Iterable[str], read=None) -> tuple[list[Record], dict[int, str]]:
+def candidate_records(registry: str, names: Iterable[str], read=None) -> tuple[list[Record], dict[int, str]]:
     """Read these records; (records, {pid: reason}) for those that could not be used."""
     read = read or (lambda name: read_record(registry, name))
     found, problems = [], {}
@@ -355,7 +353,7 @@ def vet_socket_shape(path: str) -> str | None:
     parts = path.split("/")
     if ".." in parts or "." in parts:
         return "socket_path_invalid"
-    if not re.fullmatch(SOCKET_NAME_PATTERN, parts[-1]):
+    if not SOCKET_NAME.fullmatch(parts[-1]):
         return "socket_name_unexpected"
     return None
 

@@ -40,7 +40,7 @@ def random_hex(nbytes: int) -> str:
 # ---------------------------------------------------------------- reading
 
 
-def read_bounded(path: Path | str, limit: int, *, dir_fd: int | None = None) -> bytes:
+def read_bounded(path: str, limit: int, *, dir_fd: int | None = None) -> bytes:
     """Read a regular file without following a final symlink and without blocking on a FIFO."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
@@ -87,6 +87,24 @@ def _bounded_float(text: str) -> float:
 
 def _no_constants(name: str) -> object:
     raise Unsafe("non_finite_number")  # NaN, Infinity, -Infinity are not JSON
+
+
+class WholeName:
+    """A pattern a name must match whole, compiled at its first use: the prompt hook imports the modules that
+    hold these on every prompt, and most prompts never check a name. (Matched whole: `re.match(r"^...$")`
+    lets a trailing newline through.)"""
+
+    __slots__ = ("_compiled", "pattern")
+
+    def __init__(self, pattern: str):
+        self.pattern = pattern
+        self._compiled = None
+
+    def fullmatch(self, value: str):
+        compiled = self._compiled
+        if compiled is None:
+            compiled = self._compiled = re.compile(self.pattern)
+        return compiled.fullmatch(value)
 
 
 _DECODER = json.JSONDecoder(parse_int=_bounded_int, parse_float=_bounded_float, parse_constant=_no_constants)
@@ -150,7 +168,7 @@ def loads_object(raw: bytes, *, allow_surrogates: bool = False) -> dict:
     return value
 
 
-def read_json_object(path: Path | str, limit: int, *, dir_fd: int | None = None, allow_surrogates: bool = False) -> dict:
+def read_json_object(path: str, limit: int, *, dir_fd: int | None = None, allow_surrogates: bool = False) -> dict:
     """Read and parse a bounded JSON object; raises Unsafe(reason), or OSError (e.g. FileNotFoundError)."""
     return loads_object(read_bounded(path, limit, dir_fd=dir_fd), allow_surrogates=allow_surrogates)
 
@@ -180,7 +198,7 @@ def short_str(value: object, limit: int = 4096) -> str | None:
 
 
 def write_bytes_atomic(
-    path: Path | str, payload: bytes, *, mode: int = 0o600, fsync: bool = False, dir_fd: int | None = None
+    path: str, payload: bytes, *, mode: int = 0o600, fsync: bool = False, dir_fd: int | None = None
 ) -> None:
     """Unpredictable O_EXCL temp file beside `path`, then rename: a reader never sees half a file,
     and a link planted at the temp name cannot redirect the write. With `dir_fd`, `path` is a
@@ -215,11 +233,11 @@ def dumps(data: object, *, indent: int | None = 2) -> bytes:
 
 
 def write_json_atomic(
-    path: Path | str, data: object, *, fsync: bool = False, mode: int = 0o600, dir_fd: int | None = None
+    path: str, data: object, *, fsync: bool = False, mode: int = 0o600, dir_fd: int | None = None
 ) -> None:
     write_bytes_atomic(path, dumps(data), mode=mode, fsync=fsync, dir_fd=dir_fd)
 
 
-def open_dir_nofollow(path: Path | str, *, dir_fd: int | None = None) -> int:
+def open_dir_nofollow(path: str, *, dir_fd: int | None = None) -> int:
     """An fd for a directory that is not a symlink; raises OSError (ELOOP/ENOTDIR) otherwise."""
     return os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import math
 import os
-import re
 import time
 from collections import namedtuple
 
@@ -29,18 +28,17 @@ STATE_FILE = "wakecap.json"
 OPERATOR_DIR = "operator-turns"
 MAX_STATE_BYTES = 16 << 20
 # Session ids as Claude mints them (UUIDs), and anything else of that alphabet.
-# Matched whole with re.fullmatch, compiled on first use (the prompt hook imports this module).
-SESSION_ID_PATTERN = r"[A-Za-z0-9._-]{1,200}"
-HANDLE_KEY_PATTERN = r"[a-z0-9](?:[a-z0-9-]{0,253}[a-z0-9])?"
+SESSION_ID_NAME = safeio.WholeName(r"[A-Za-z0-9._-]{1,200}")
+HANDLE_KEY_NAME = safeio.WholeName(r"[a-z0-9](?:[a-z0-9-]{0,253}[a-z0-9])?")
 
 
 def valid_session_id(value: object) -> bool:
     """A session id that may name a file: the charset, at most 200 characters, not hidden."""
-    return isinstance(value, str) and re.fullmatch(SESSION_ID_PATTERN, value) is not None and value[0] != "."
+    return isinstance(value, str) and SESSION_ID_NAME.fullmatch(value) is not None and value[0] != "."
 
 
 def _handle_key(value: str) -> bool:
-    return re.fullmatch(HANDLE_KEY_PATTERN, value) is not None
+    return HANDLE_KEY_NAME.fullmatch(value) is not None
 
 
 # value: the level at time `at` (wall-clock seconds).
@@ -64,7 +62,7 @@ def valid_key(key: object) -> bool:
         return False
     kind, _, rest = key.partition(":")
     if kind == "session":
-        return re.fullmatch(SESSION_ID_PATTERN, rest) is not None
+        return SESSION_ID_NAME.fullmatch(rest) is not None
     if kind == "box":
         return _handle_key(rest)
     return False
@@ -197,7 +195,7 @@ def _finite(value: object) -> float:
     return number
 
 
-def load(state_dir: Path, cap: int, now: float) -> tuple[Table, str | None]:
+def load(state_dir: str, cap: int, now: float) -> tuple[Table, str | None]:
     """(table, problem). problem is None, or a reason the file was not trusted."""
     path = os.path.join(state_dir, STATE_FILE)
     try:
@@ -212,7 +210,7 @@ def load(state_dir: Path, cap: int, now: float) -> tuple[Table, str | None]:
     return table, None if ok else "state_invalid"
 
 
-def save(state_dir: Path, table: Table) -> None:
+def save(state_dir: str, table: Table) -> None:
     """Atomic write; raises OSError (e.g. ENOSPC) for the caller to log."""
     safeio.write_json_atomic(os.path.join(state_dir, STATE_FILE), encode(table))
 
@@ -238,7 +236,7 @@ def operator_turn_names(handle: str | None, session_id: str | None) -> list[str]
     return names
 
 
-def record_operator_turn(state_dir: Path, handle: str | None, session_id: str | None = None,
+def record_operator_turn(state_dir: str, handle: str | None, session_id: str | None = None,
                          now: float | None = None) -> None:
     names = operator_turn_names(handle, session_id)
     if not names:
@@ -249,12 +247,12 @@ def record_operator_turn(state_dir: Path, handle: str | None, session_id: str | 
     safeio.write_json_atomic(os.path.join(directory, names[0]), {"at": stamp})
 
 
-def operator_turn_at(state_dir: Path, handle: str | None, session_id: str | None = None) -> float | None:
+def operator_turn_at(state_dir: str, handle: str | None, session_id: str | None = None) -> float | None:
     """The latest operator turn recorded for this session or box, or None."""
     return read_operator_turns(state_dir, handle, session_id)[0]
 
 
-def read_operator_turns(state_dir: Path, handle: str | None, session_id: str | None = None
+def read_operator_turns(state_dir: str, handle: str | None, session_id: str | None = None
                         ) -> tuple[float | None, list[tuple[str, str]]]:
     """(latest turn or None, [(file name, why it was not used)]) for this session's and box's files."""
     latest = None
