@@ -358,7 +358,7 @@ class Soak:
         s = self.sessions[self.owner_of[b]]
         d = self.w.state / "operator-turns"
         d.mkdir(parents=True, exist_ok=True)
-        for name in (f"s-{s['sid']}", self.handles[b]):
+        for name in (f"s-{s['sid']}",):  # one file a prompt, as the hook writes it
             tmp = d / f".{name}.tmp"
             tmp.write_text(json.dumps({"at": time.time()}))
             os.rename(tmp, d / name)
@@ -636,7 +636,7 @@ def main() -> int:
             "status_boxes": growth(samples, lambda x: x["status_boxes"], args.warmup_frac),
             "registry_records": growth(samples, lambda x: x["registry_records"], args.warmup_frac),
             **{k: growth(samples, sz(k), args.warmup_frac) for k in (
-                "blocks_allocated", "boxes", "timers", "last_wake", "session_index", "receipts_pending",
+                "blocks_allocated", "boxes", "timers", "last_wake", "sighted", "session_index", "receipts_pending",
                 "receipts_blocks", "receipts_warned_held", "receipts_retried", "listeners", "listener_failed_dirs",
                 "peer_line_buckets", "wake_levels", "wake_last_ring", "bad_turns_logged", "watch_wds",
                 "watch_boxes", "poke_tasks", "receipt_tasks", "receipt_conns", "skipped_logged", "waiters_index")},

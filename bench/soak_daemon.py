@@ -52,6 +52,7 @@ def sizes(d) -> dict:
         "dirty": _len(disp, "dirty"),
         "timers": _len(disp, "timers"),
         "last_wake": _len(disp, "last_wake"),
+        "sighted": _len(disp, "sighted"),
         "session_index": _len(disp, "sessions"),
         "skipped_logged": _len(disp, "_skipped_logged"),
         "receipts_pending": _len(rec, "pending"),

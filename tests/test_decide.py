@@ -196,6 +196,9 @@ def test_an_unknown_protocol_is_said_once_per_session_however_many_boxes():
     assert "not one courier was tested with" in said[0]["fix"] and said[0]["fallback"] == "prompt"
     _, logs = run(BoxState(), listing("1.json"), World(target=target(protocol=9, session_id="T"), seen=world.seen))
     assert [e["event"] for e in logs if e["log_level"] != "debug" and e["event"] != "mail_seen"] == ["peer_protocol_unknown"]
+    # the same session resumed under a release with yet another protocol: that is news again
+    _, logs = run(BoxState(), listing("1.json"), World(target=target(protocol=10, version="3.0.0"), seen=world.seen))
+    assert [e["protocol"] for e in logs if e["event"] == "peer_protocol_unknown"] == [10]
 
 
 def test_the_waiter_ring_says_why_the_socket_was_skipped():

@@ -385,3 +385,46 @@ def test_a_trailing_newline_never_passes_a_name_check(name):
     assert {"api-1": mailbox.valid_handle, "0190abcd": wakecap.valid_session_id,
             "12.json": registry.pid_of_record_name, "12.sock": lambda n: registry.vet_socket_shape("/tmp/claude-0/" + n) is None,
             "courier-12.sock": receipt_server.LISTENER_RE.fullmatch}[stripped](stripped)
+
+
+def test_a_home_that_cannot_be_found_is_an_error_never_a_relative_mail_root(env, tmp_path):
+    """Found in review: os.path.expanduser returns "~nobody/x" unchanged when there is no such user (or no home
+    at all), and the hook, which runs in the session's project directory, would have made `./~nobody/x/<box>`
+    there. The hook does nothing (exit 0, logs nothing it cannot place); the CLI says what to set (exit 2)."""
+    from courier import paths
+
+    with pytest.raises(RuntimeError):
+        paths.mail_root({"HELM_MAIL_DIR": "~courier-no-such-user-xyz/mail"})
+    assert paths.mail_root({"HELM_MAIL_DIR": "~/mail", "HOME": "/h"}).endswith("/mail")
+    project = tmp_path / "project"
+    project.mkdir()
+    e = env.vars()
+    e["HELM_MAIL_DIR"] = "~courier-no-such-user-xyz/mail"
+    p = subprocess.run([sys.executable, "-m", "courier", "hook", "claim"], cwd=project, env=e, capture_output=True,
+                       input=json.dumps({"session_id": "s-nohome-1", "cwd": str(project)}).encode(), timeout=60)
+    assert p.returncode == 0 and os.listdir(project) == []
+    p = subprocess.run([sys.executable, "-m", "courier", "status"], cwd=project, env=e, capture_output=True,
+                       text=True, timeout=60)
+    assert p.returncode == 2 and "courier-no-such-user-xyz" in p.stderr and "Traceback" not in p.stderr
+    assert os.listdir(project) == []
+
+
+def test_a_loser_never_names_a_dead_daemon_as_the_holder(tmp_path):
+    """Found in review: the lock file keeps the last daemon's pid; a loser reading it before the winner rewrites it
+    reported that dead pid. It now waits for a live one, else says "unknown"."""
+    from courier import lockfile
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    (tmp_path / lockfile.LOCK_FILE).write_text(f"{dead.pid}\n")
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import fcntl, os, sys, time; fd = os.open(sys.argv[1], os.O_RDWR); fcntl.flock(fd, fcntl.LOCK_EX);"
+        "print('locked', flush=True); time.sleep(30)"), str(tmp_path / lockfile.LOCK_FILE)], stdout=subprocess.PIPE)
+    try:
+        assert holder.stdout.readline() == b"locked\n"
+        with pytest.raises(lockfile.Locked) as caught:
+            lockfile.acquire(tmp_path)
+        assert str(dead.pid) not in str(caught.value) and "unknown" in str(caught.value)
+    finally:
+        holder.kill()
+        holder.wait()

@@ -3,6 +3,7 @@
 import json
 import math
 
+import pytest
 from hypothesis import given, settings, strategies as st
 
 from courier import wakecap
@@ -139,3 +140,53 @@ def test_decayed_levels_are_forgotten_but_never_an_operator_reset_under_a_high_d
     store.table.default = Level(3.0, 10_000.0)
     store.table.levels["session:reset"] = Level(0.0, 10_000.0)
     assert store.prune(10_000.0) == 0 and "session:reset" in store.table.levels
+
+
+@pytest.mark.parametrize("session_id", ["sess with space", "a/b", "x" * 201, "ends-in-newline\n"])
+def test_a_session_id_that_cannot_name_a_key_counts_against_its_box_and_survives_a_restart(tmp_path, session_id):
+    """Found in review: the daemon keyed every level `session:<id>` unchecked; one odd id (from a hostile
+    record or owner.json) made the saved table fail to load, so after a restart every recipient started at the
+    cap. Such a session's wakes count against its box, are capped, and the file round-trips."""
+    import structlog
+
+    from courier import state
+
+    key = wakecap.recipient_key(session_id, "odd-1")
+    assert key == wakecap.box_key("odd-1")
+    assert wakecap.recipient_key("0190-good", "odd-1") == wakecap.session_key("0190-good")
+    store = state.StateStore(tmp_path, structlog.get_logger(), cap=3, half_life=600.0)
+    for _ in range(3):
+        store.woke(key, "odd-1", store.level(key, "odd-1", session_id, 100.0), 100.0)
+    assert not wakecap.allowed(store.level(key, "odd-1", session_id, 100.0), 100.0, 3, 600.0)  # kept, not popped
+    store.table.levels["session:0190-good"] = Level(1.0, 100.0)
+    store.table.levels[wakecap.session_key(session_id)] = Level(1.0, 100.0)  # as the old daemon wrote it
+    wakecap.save(tmp_path, store.table)
+    again, problem = wakecap.load(tmp_path, 3, 100.0)
+    assert problem is None
+    assert again.get("session:0190-good").value == 1.0
+    assert again.get(key).value >= 3.0 - 1e-9  # the odd session is still capped after the restart
+
+
+def test_old_operator_turns_and_hints_are_pruned_and_links_left_alone(tmp_path):
+    """Found in review: one operator-turn file and one hint per session ever seen, kept forever. The daemon's
+    full pass removes turns older than a day and hints older than a month; never what a link points at."""
+    import os
+
+    from courier import paths, state
+
+    turns, hints = tmp_path / wakecap.OPERATOR_DIR, tmp_path / paths.HINT_DIR
+    turns.mkdir()
+    hints.mkdir()
+    now = 10_000_000.0
+    for d, name, age in ((turns, "s-old", 86_401), (turns, "s-new", 60), (hints, "old", 31 * 86_400),
+                         (hints, "week", 7 * 86_400)):
+        (d / name).write_text("{}")
+        os.utime(d / name, (now - age, now - age))
+    outside = tmp_path / "keep.json"
+    outside.write_text("{}")
+    os.utime(outside, (0, 0))
+    (turns / "s-link").symlink_to(outside)
+    assert state.prune_files(tmp_path, now) == 2
+    assert sorted(os.listdir(turns)) == ["s-link", "s-new"] and os.listdir(hints) == ["week"]
+    assert outside.exists()
+    assert state.prune_files(tmp_path / "missing", now) == 0

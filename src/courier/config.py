@@ -136,17 +136,20 @@ def from_env(
     suite, plus every other suite's root found beside it (helm keeps one per suite)."""
     env = os.environ if env is None else env
     dirs = [mail_dir] if isinstance(mail_dir, str) else list(mail_dir or [])
-    if dirs:
-        roots = [Path(mail_root(env, d)) for d in dirs]
-    else:
-        primary = Path(mail_root(env))
-        roots = [primary] + [Path(r) for r in suite_roots(env) if Path(r) != primary]
-    cfg = Config(
-        mail_root=roots[0],
-        extra_mail_roots=tuple(roots[1:]),
-        claude_config_dir=Path(claude_config_dir(env, config_dir)),
-        state_dir=Path(state_dir(env, state)),
-    )
+    try:
+        if dirs:
+            roots = [Path(mail_root(env, d)) for d in dirs]
+        else:
+            primary = Path(mail_root(env))
+            roots = [primary] + [Path(r) for r in suite_roots(env) if Path(r) != primary]
+        cfg = Config(
+            mail_root=roots[0],
+            extra_mail_roots=tuple(roots[1:]),
+            claude_config_dir=Path(claude_config_dir(env, config_dir)),
+            state_dir=Path(state_dir(env, state)),
+        )
+    except RuntimeError as exc:  # no home directory to put the default paths in: say so, set HOME or a flag
+        raise ConfigError(f"{exc}; set HOME, or give --mail-dir, --claude-config-dir and --state-dir") from None
     knobs = {k: v for k, v in knobs.items() if v is not None}
     return replace(cfg, **knobs).validated()
 

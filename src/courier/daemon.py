@@ -23,7 +23,7 @@ from typing import Callable
 
 import trio
 
-from . import registry, watcher
+from . import registry, state, watcher
 from .config import FILE_KNOBS, Config
 from .decide import Policy
 from .dispatch import Dispatcher
@@ -182,6 +182,9 @@ class Daemon:
             if full:
                 count = self.dispatcher.mark_all(changed_only=True)
                 last_full = now
+                pruned = await trio.to_thread.run_sync(state.prune_files, self.cfg.state_dir, time.time())
+                if pruned:
+                    self.log.info("state_files_pruned", count=pruned)
             self.notifier.status(self.dispatcher.status_line())
             self.log.info("rescan_done", boxes=count, full=full,
                           duration_ms=round((time.perf_counter() - start) * 1000, 2))

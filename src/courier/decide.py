@@ -183,7 +183,7 @@ def decide(box: BoxState, listing: Listing, world: World, *, now: float, wall: f
 
     transport, problem = choose_transport(target, world.receipt_block(target, now), world.has_waiter(target), policy)
     said = False
-    if problem == PROTOCOL_UNKNOWN and world.first_sight(target.session_id, problem):
+    if problem == PROTOCOL_UNKNOWN and world.first_sight(target.session_id, f"{problem}:{target.protocol!r}"):
         # Once per session, however many boxes it owns: a release speaking a protocol courier has not
         # been tested with is news for the operator, not a per-box decision.
         log.warning(PROTOCOL_UNKNOWN, reason=PROTOCOL_UNKNOWN, protocol=target.protocol, version=target.version,
@@ -198,7 +198,7 @@ def decide(box: BoxState, listing: Listing, world: World, *, now: float, wall: f
         return Hold(problem)
 
     # The wake cap: a brake that holds mail, never eats it; one level per recipient session.
-    recipient = wakecap.session_key(target.session_id)
+    recipient = wakecap.recipient_key(target.session_id, target.handle)
     level = world.level(recipient, target, wall)
     if not wakecap.allowed(level, wall, policy.cap, policy.half_life):
         when = wakecap.allowed_at(level, wall, policy.cap, policy.half_life)

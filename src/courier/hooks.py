@@ -48,7 +48,6 @@ SUBJECT_MAX = 80
 NOTICE_MAX_BYTES = 6000
 MAX_PAYLOAD = 1 << 20
 SWEEP_PER_CLAIM = 200
-HINT_DIR = "by-session"
 OPERATOR = "operator"
 REFUSALS = {
     "symlink": "a symbolic link",
@@ -208,7 +207,7 @@ def held_by_another(root: str, handle: str, session_id: str, reg: str, index: re
 def _hint_file(state: str, session_id: str) -> str | None:
     if not wakecap.valid_session_id(session_id):
         return None
-    return os.path.join(state, HINT_DIR, session_id)
+    return os.path.join(state, paths.HINT_DIR, session_id)
 
 
 def _owned_by(root: str, handle: str, session_id: str) -> bool:

@@ -13,15 +13,26 @@ from collections.abc import Mapping
 
 # The convention treats these suite names as "no suite" (research/helm-conformance.md §2.1).
 _NO_SUITE = {"", "com.wirasm.helm", "helm"}
+# <state>/by-session/<session id>: the box a session claimed last (the hooks write it, the daemon prunes it).
+HINT_DIR = "by-session"
+
+
+def _expand(path: str) -> str:
+    """`~` and `~user` expanded, or RuntimeError as pathlib raises: os.path.expanduser returns "~/x" unchanged
+    when there is no home to find, and a relative "~/x" would put mailboxes inside the session's project."""
+    expanded = os.path.expanduser(path)
+    if expanded.startswith("~"):
+        raise RuntimeError(f"cannot expand {path.split('/', 1)[0]!r}: no such user, or no home directory")
+    return expanded
 
 
 def _full(path: str) -> str:
-    return os.path.realpath(os.path.expanduser(path))
+    return os.path.realpath(_expand(path))
 
 
 def home(env: Mapping[str, str]) -> str:
     value = env.get("HOME", "").strip()
-    return os.path.normpath(value) if value else os.path.expanduser("~")
+    return os.path.normpath(value) if value else _expand("~")
 
 
 def mail_root(env: Mapping[str, str], flag: str | None = None) -> str:

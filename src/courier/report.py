@@ -96,7 +96,7 @@ def _root_rows(cfg: Config, root, handles, index, table, snap) -> list[Row]:
         result = reachable(target)
         live = target if isinstance(target, Target) else None
         runtime, opid, sid = (owner.runtime, owner.pid, owner.session_id) if owner else (None, None, None)
-        key = wakecap.session_key(sid) if sid and wakecap.valid_key(wakecap.session_key(sid)) else wakecap.box_key(handle)
+        key = wakecap.recipient_key(sid, handle)
         level = table.get(key)
         if key not in table.levels and wakecap.box_key(handle) in table.levels:
             level = table.levels[wakecap.box_key(handle)]  # not yet migrated by the daemon

@@ -1,10 +1,12 @@
-"""courier's own persisted state: wake levels (wakecap.json) and the status snapshot (status.json).
+"""courier's own persisted state: wake levels (wakecap.json) and the status snapshot (status.json); and the
+pruning of what the hooks leave in the state dir (operator turns, session hints).
 
 Trust: both files live in courier's private state dir; they are still read through
 `safeio` (bounded, no links) because a corrupt or planted file must never stop the
 daemon or `courier status`. A corrupt wake-level file makes every recipient start at
 the cap (a crash loop cannot reset the brake).
-Logs: state_corrupt, state_write_failed (once per errno until a write succeeds).
+Logs: state_corrupt, state_write_failed (once per errno until a write succeeds); the daemon logs
+state_files_pruned from what prune_files returns.
 Limits: stdlib only, so `courier status` and `doctor` read the snapshot without trio.
 The daemon writes it at most once a second, so what `status` shows may be that old.
 """
@@ -13,10 +15,11 @@ from __future__ import annotations
 
 import errno
 import os
+import stat
 from pathlib import Path
 from typing import Callable
 
-from . import safeio, wakecap
+from . import paths, safeio, wakecap
 
 STATUS_FILE = "status.json"
 MAX_STATUS_BYTES = 32 << 20
@@ -122,8 +125,9 @@ class StateStore:
     def level(self, recipient: str, handle: str, session_id: str | None, wall: float) -> wakecap.Level:
         """The recipient's level now: a migrated per-box level folded in, an operator turn applied."""
         level = self.table.get(recipient)
-        legacy = self.table.levels.pop(wakecap.box_key(handle), None)
-        if legacy is not None and recipient != wakecap.box_key(handle):
+        box = wakecap.box_key(handle)
+        legacy = self.table.levels.pop(box, None) if recipient != box else None  # a box-keyed recipient keeps its own
+        if legacy is not None:
             level = wakecap.merge(level, legacy, wall, self.half_life)
             self.table.levels[recipient] = level
             self.mark_dirty()
@@ -180,3 +184,34 @@ class StateStore:
 
 def ensure_state_dir(path: Path) -> None:
     os.makedirs(path, mode=0o700, exist_ok=True)
+
+
+# ---------------------------------------------------------------- files the hooks leave behind
+#
+# One operator-turn file and one hint per session ever seen: without this the two directories grow for as long
+# as courier is installed. An operator turn older than a day cannot matter (any level raised before it has decayed
+# to nothing by now); a hint older than a month costs a resumed session one owner.json scan.
+FILE_MAX_AGE_S = {wakecap.OPERATOR_DIR: 86_400.0, paths.HINT_DIR: 30 * 86_400.0}
+
+
+def prune_files(state_dir: Path, wall: float, max_age: dict[str, float] = FILE_MAX_AGE_S) -> int:
+    """Remove regular files older than their directory's age limit; returns how many. Never follows a link
+    (the directories are opened O_NOFOLLOW, entries are unlinked by name), never raises for a missing dir."""
+    removed = 0
+    for sub, age in max_age.items():
+        try:
+            fd = safeio.open_dir_nofollow(os.path.join(state_dir, sub))
+        except OSError:
+            continue
+        try:
+            for entry in os.scandir(fd):
+                try:
+                    st = entry.stat(follow_symlinks=False)
+                    if stat.S_ISREG(st.st_mode) and wall - st.st_mtime > age:
+                        os.unlink(entry.name, dir_fd=fd)
+                        removed += 1
+                except OSError:
+                    continue  # gone meanwhile, or not ours to remove: the next pass looks again
+        finally:
+            os.close(fd)
+    return removed

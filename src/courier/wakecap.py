@@ -57,6 +57,14 @@ def box_key(handle: str) -> str:
     return f"box:{handle}"
 
 
+def recipient_key(session_id: str | None, handle: str) -> str:
+    """Whose level a wake counts against: the session's, or the box's when the session id (read from a
+    registry record or owner.json, so hostile) could not round-trip through the state file."""
+    if session_id and valid_key(session_key(session_id)):
+        return session_key(session_id)
+    return box_key(handle)
+
+
 def valid_key(key: object) -> bool:
     if not isinstance(key, str):
         return False
@@ -139,7 +147,8 @@ def encode(table: Table) -> dict:
         "version": 2,
         "ring": table.ring,
         "default": {"level": table.default.value, "at": table.default.at},
-        "recipients": {k: {"level": lvl.value, "at": lvl.at} for k, lvl in sorted(table.levels.items())},
+        # Only keys `decode` accepts: one bad key would make the next start treat the whole file as corrupt.
+        "recipients": {k: {"level": lvl.value, "at": lvl.at} for k, lvl in sorted(table.levels.items()) if valid_key(k)},
         "lastRing": dict(sorted(table.last_ring.items())),
     }
 
