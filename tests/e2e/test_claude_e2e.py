@@ -290,7 +290,11 @@ def test_spawn_posture(world):
     wait_until(lambda: w.turns_with(h_good + ")"), 20, "the spawn-settings session to wake")
     assert w.events("poke_sent", handle=h_good) and not w.events("poke_receipt", handle=h_good), "accepted: no receipt"
     path = Path(w.courier("send", h_bad, "--subject", "for held", "--body", "x").stdout.strip())
-    receipt = wait_until(lambda: w.events("poke_receipt", handle=h_bad, status="held"), 10, "held receipt")
+    try:
+        receipt = wait_until(lambda: w.events("poke_receipt", handle=h_bad, status="held"), 10, "held receipt")
+    except AssertionError as exc:  # seen once in ~30 runs: say what the daemon decided, for the next look
+        trail = [(e.get("event"), e.get("reason") or e.get("status")) for e in w.events(handle=h_bad)]
+        raise AssertionError(f"{exc}; the daemon's events for {h_bad}: {trail}; pane: {bad.capture()[-600:]!r}") from None
     sent = w.events("poke_sent", handle=h_bad)
     assert sent
     assert w.events("session_holds_doorbells", handle=h_bad)
