@@ -84,14 +84,22 @@ class WaiterWorld(World):
         path.write_text(json.dumps(data, indent=2))
 
     def socketless(self, name: str, *args: str) -> SocketlessSession:
-        s = SocketlessSession(self.bin, self.root, name, self.api.port, self.shared, list(args))
-        s.env["CLAUDE_CODE_HARBOR_KITE"] = "0"
-        s.seed()
-        self.sessions.append(s)
-        s.start(self.registry)
-        wait_until(lambda: self.box_of(s), 15, f"{s.name} to claim a box")
-        wait_until(lambda: "❯" in s.capture(), 20, f"{s.name} to show its prompt")
-        return s
+        return self.socketless_sessions((name, *args))[0]
+
+    def socketless_sessions(self, *specs) -> list[SocketlessSession]:
+        """Seed every session's trust entry before any starts: a running claude rewrites .claude.json from memory,
+        and a second session seeded after the first started met the trust dialog (seen once)."""
+        made = [SocketlessSession(self.bin, self.root, spec[0], self.api.port, self.shared, list(spec[1:]))
+                for spec in specs]
+        for s in made:
+            s.env["CLAUDE_CODE_HARBOR_KITE"] = "0"
+            s.seed()
+        for s in made:
+            self.sessions.append(s)
+            s.start(self.registry)
+            wait_until(lambda s=s: self.box_of(s), 15, f"{s.name} to claim a box")
+            wait_until(lambda s=s: "❯" in s.capture(), 20, f"{s.name} to show its prompt")
+        return made
 
     def registration(self, pid: int) -> dict | None:
         try:
@@ -329,8 +337,7 @@ def test_ping_pong_through_waiters_is_capped(waiter_world):
         return text_reply("ok")
 
     w = waiter_world(policy)
-    a = w.socketless("wping", "--dangerously-skip-permissions")
-    b = w.socketless("wpong", "--dangerously-skip-permissions")
+    a, b = w.socketless_sessions(("wping", "--dangerously-skip-permissions"), ("wpong", "--dangerously-skip-permissions"))
     ha, hb = w.box_of(a), w.box_of(b)
     pair.update({ha: hb, hb: ha})
     for s in (a, b):
