@@ -101,10 +101,11 @@ class World:
     def session(self, name: str, *args: str) -> harness.Session:
         return self.start_sessions((name, *args))[0]
 
-    def start_sessions(self, *specs) -> list[harness.Session]:
+    def start_sessions(self, *specs, cls=harness.Session, env: dict | None = None) -> list[harness.Session]:
         """Seed every session's trust entry first: a running claude rewrites .claude.json from memory."""
-        made = [harness.Session(self.bin, self.root, spec[0], self.api.port, self.shared, list(spec[1:])) for spec in specs]
+        made = [cls(self.bin, self.root, spec[0], self.api.port, self.shared, list(spec[1:])) for spec in specs]
         for s in made:
+            s.env.update(env or {})
             s.seed()
         for s in made:
             self.sessions.append(s)

@@ -87,19 +87,8 @@ class WaiterWorld(World):
         return self.socketless_sessions((name, *args))[0]
 
     def socketless_sessions(self, *specs) -> list[SocketlessSession]:
-        """Seed every session's trust entry before any starts: a running claude rewrites .claude.json from memory,
-        and a second session seeded after the first started met the trust dialog (seen once)."""
-        made = [SocketlessSession(self.bin, self.root, spec[0], self.api.port, self.shared, list(spec[1:]))
-                for spec in specs]
-        for s in made:
-            s.env["CLAUDE_CODE_HARBOR_KITE"] = "0"
-            s.seed()
-        for s in made:
-            self.sessions.append(s)
-            s.start(self.registry)
-            wait_until(lambda s=s: self.box_of(s), 15, f"{s.name} to claim a box")
-            wait_until(lambda s=s: "❯" in s.capture(), 20, f"{s.name} to show its prompt")
-        return made
+        """Sessions with messaging off, so only the waiter can wake them (trust seeded for all before any starts)."""
+        return self.start_sessions(*specs, cls=SocketlessSession, env={"CLAUDE_CODE_HARBOR_KITE": "0"})
 
     def registration(self, pid: int) -> dict | None:
         try:
