@@ -299,22 +299,9 @@ def latency_run(kind: str, boxes: int, drops: int, spacing_ms: float, sessions: 
             tw, tr = drop(w.mail / h, i)
             sent.append((h, tw, tr))
             time.sleep(rng.uniform(0.75, 1.25) * spacing_ms / 1000)
-        deadline = time.monotonic() + 5.0
-        rings = {}
-        while time.monotonic() < deadline:
-            rings = fleet_rings(out)
-            if all(h in rings for h, _, _ in sent):
-                break
-            time.sleep(0.1)
+        rings = wait_rings(out, sent, time.monotonic() + 5.0)
         cur, hwm = rss(p.pid)
-        lat, lat_w, unrung = [], [], 0
-        for h, tw, tr in sent:
-            times = [t for t in rings.get(h, []) if t >= tw]
-            if not times:
-                unrung += 1
-                continue
-            lat.append((min(times) - tr) * 1000)
-            lat_w.append((min(times) - tw) * 1000)
+        lat, lat_w, unrung, _ = latencies(sent, rings)
         lost = len(sent) - sum(queued(w.mail / h) for h, _, _ in sent)
         return {"test": "latency", "kind": kind, "watcher": ready.get("watcher"), "boxes": boxes, "drops": len(sent),
                 "sessions": sessions, "spacing_ms": spacing_ms, "unrung": unrung, "lost": lost,
@@ -323,6 +310,31 @@ def latency_run(kind: str, boxes: int, drops: int, spacing_ms: float, sessions: 
                 "rss_mb": round(cur, 1), "peak_rss_mb": round(hwm, 1), "load_before": l0, "load_after": load()}
     finally:
         w.close()
+
+
+def wait_rings(out, sent: list, deadline: float) -> dict:
+    """The fleet's rings, polled until every box dropped into has one or `deadline` (monotonic) passes."""
+    rings = {}
+    while time.monotonic() < deadline:
+        rings = fleet_rings(out)
+        if all(h in rings for h, _, _ in sent):
+            break
+        time.sleep(0.1)
+    return rings
+
+
+def latencies(sent: list, rings: dict) -> tuple[list, list, int, list]:
+    """(ms from rename to ring, ms from write to ring, drops never rung, (rename wall time, ms) per rung drop)."""
+    lat, lat_w, unrung, samples = [], [], 0, []
+    for h, tw, tr in sent:
+        times = [t for t in rings.get(h, []) if t >= tw]
+        if not times:
+            unrung += 1
+            continue
+        lat.append((min(times) - tr) * 1000)
+        lat_w.append((min(times) - tw) * 1000)
+        samples.append((round(tr, 6), round(lat[-1], 3)))
+    return lat, lat_w, unrung, samples
 
 
 def latency_paired(kinds: list[str], boxes: int, drops: int, spacing_ms: float, sessions: int, seed: int) -> list[dict]:
@@ -354,22 +366,9 @@ def latency_paired(kinds: list[str], boxes: int, drops: int, spacing_ms: float, 
         deadline = time.monotonic() + 5.0
         for k in kinds:
             handles, out, p, ready = setups[k]
-            rings = {}
-            while time.monotonic() < deadline:
-                rings = fleet_rings(out)
-                if all(h in rings for h, _, _ in sent[k]):
-                    break
-                time.sleep(0.1)
+            rings = wait_rings(out, sent[k], deadline)
             cur, hwm = rss(p.pid)
-            lat, lat_w, unrung = [], [], 0
-            for h, tw, tr in sent[k]:
-                times = [t for t in rings.get(h, []) if t >= tw]
-                if not times:
-                    unrung += 1
-                    continue
-                lat.append((min(times) - tr) * 1000)
-                lat_w.append((min(times) - tw) * 1000)
-                samples.setdefault(k, []).append((round(tr, 6), round(lat[-1], 3)))
+            lat, lat_w, unrung, samples[k] = latencies(sent[k], rings)
             lost = len(sent[k]) - sum(queued(worlds[k].mail / h) for h, _, _ in sent[k])
             rows.append({"test": "latency", "mode": "paired", "kind": k, "watcher": ready.get("watcher"), "boxes": boxes,
                          "drops": len(sent[k]), "sessions": sessions, "spacing_ms": spacing_ms, "unrung": unrung,
