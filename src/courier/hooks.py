@@ -35,12 +35,12 @@ from collections.abc import Mapping
 
 from . import doorbell, lockfile, mailbox, paths, safeio, wakecap
 
+from .text import escape, is_plain, one_line
+
+# `registry` is imported in the functions that use it: a prompt whose box is known and whose pid is not
+# provisional never needs it, and its import is ~0.7 ms of every prompt (research/performance.md §6).
 if False:  # for type checkers only (typing.TYPE_CHECKING would import typing, ~3 ms a prompt)
     from . import registry
-
-# `registry` is imported where it is used: a prompt whose box is known and whose pid is not provisional never
-# needs it, and its import is ~0.7 ms of every prompt (research/performance.md §6).
-from .text import escape, is_plain, one_line
 
 NAME = "courier"
 FROM_MAX = 64

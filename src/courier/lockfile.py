@@ -29,9 +29,11 @@ def acquire(state_dir: str) -> int:
     except BlockingIOError:
         # The winner writes its pid just after taking the lock: a loser started in the same instant
         # waits a moment for it, rather than reporting "pid unknown" or the pid a dead daemon left.
+        from .registry import pid_exists  # here, not at the top: the prompt hook imports this module
+
         for _ in range(50):
             holder = os.pread(fd, 64, 0).decode("ascii", "replace").strip()
-            if holder.isdigit() and _alive(int(holder)):
+            if holder.isdigit() and int(holder) > 0 and pid_exists(int(holder)):
                 break
             time.sleep(0.01)
         else:
@@ -41,18 +43,6 @@ def acquire(state_dir: str) -> int:
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
     return fd
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return pid > 0  # another user's process: alive
-    except OverflowError:
-        return False  # not a pid
-    return pid > 0
 
 
 def holder(state_dir: str) -> int | None:
