@@ -23,22 +23,18 @@ import time
 from collections import namedtuple
 
 from . import safeio
+from .mailbox import valid_handle as _handle_key  # a box's key is its handle
 
 STATE_FILE = "wakecap.json"
 OPERATOR_DIR = "operator-turns"
 MAX_STATE_BYTES = 16 << 20
 # Session ids as Claude mints them (UUIDs), and anything else of that alphabet.
 SESSION_ID_NAME = safeio.WholeName(r"[A-Za-z0-9._-]{1,200}")
-HANDLE_KEY_NAME = safeio.WholeName(r"[a-z0-9](?:[a-z0-9-]{0,253}[a-z0-9])?")
 
 
 def valid_session_id(value: object) -> bool:
     """A session id that may name a file: the charset, at most 200 characters, not hidden."""
     return isinstance(value, str) and SESSION_ID_NAME.fullmatch(value) is not None and value[0] != "."
-
-
-def _handle_key(value: str) -> bool:
-    return HANDLE_KEY_NAME.fullmatch(value) is not None
 
 
 # value: the level at time `at` (wall-clock seconds).
