@@ -269,14 +269,15 @@ def cmd_send(args) -> int:
 
 
 def cmd_status(args) -> int:
-    from . import lockfile, mailbox, report
+    from . import lockfile, mailbox, report, state
 
     for h in args.handles:
         if not mailbox.valid_handle(h):
             print(f"courier: {h!r} is not a valid handle", file=sys.stderr)
             return EXIT_USAGE
-    rows = report.rows(args.cfg, args.handles or None)
-    print(report.render(rows, lockfile.holder(args.cfg.state_dir), args.json, report.watcher_of(args.cfg)))
+    status = state.read_status(args.cfg.state_dir)  # read once: rows and the watcher line both come from it
+    rows = report.rows(args.cfg, args.handles or None, status)
+    print(report.render(rows, lockfile.holder(args.cfg.state_dir), args.json, report.watcher_of(status)))
     return 0
 
 

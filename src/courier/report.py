@@ -63,11 +63,12 @@ def reachable(result: Target | Unreachable) -> Target | Unreachable:
     return Unreachable(result.handle, problem, result.pid, result.session_id) if problem else result
 
 
-def rows(cfg: Config, handles: list[str] | None = None) -> list[Row]:
-    """One row per box of every mail root the daemon serves (only `handles`, if given)."""
+def rows(cfg: Config, handles: list[str] | None = None, status: dict | None = None) -> list[Row]:
+    """One row per box of every mail root the daemon serves (only `handles`, if given). `status`: the
+    daemon's snapshot if the caller has read it already (it can be megabytes), else it is read here."""
     index = registry.SessionIndex.build(cfg.registry_dir)
     table, _problem = wakecap.load(cfg.state_dir, cfg.wake_cap, time.time())
-    snap = state.read_status(cfg.state_dir).get("boxes", {})
+    snap = (state.read_status(cfg.state_dir) if status is None else status).get("boxes", {})
     if not isinstance(snap, dict):
         snap = {}
     out: list[Row] = []
@@ -148,9 +149,9 @@ def _ago(ts: float | None, now: float) -> str:
     return f"{delta / 3600:.1f}h ago"
 
 
-def watcher_of(cfg: Config) -> dict:
-    """What the running daemon said about its watcher (from its status snapshot)."""
-    info = state.read_status(cfg.state_dir).get("watcher")
+def watcher_of(status: dict) -> dict:
+    """What the running daemon said about its watcher, from its status snapshot."""
+    info = status.get("watcher")
     return info if isinstance(info, dict) else {}
 
 
