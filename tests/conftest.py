@@ -159,6 +159,8 @@ def fake_session(env):
         ]
         if receipt:
             args += ["--receipt", receipt]
+        if kw.get("receipt_early"):
+            args.append("--receipt-early")
         if kw.get("reply"):
             args.append("--reply")
         if kw.get("pingpong"):

@@ -103,6 +103,8 @@ def main() -> int:
     ap.add_argument("--behaviour", default="accept")
     ap.add_argument("--receipt", default=None)
     ap.add_argument("--status", default="idle")
+    ap.add_argument("--receipt-early", action="store_true",
+                    help="send the receipt after reading the line but before closing the connection (Claude's own order)")
     ap.add_argument("--reply", action="store_true", help="also send a user line to the poke's from address")
     ap.add_argument("--pingpong", nargs=3, metavar=("MAIL_ROOT", "SELF", "PEER"),
                     help="on every line: deliver own box into read/ (as the hook would), then mail PEER")
@@ -154,6 +156,21 @@ def main() -> int:
                 conn.close()
             else:
                 held.append(conn)  # accept, never read, never close
+
+    if args.receipt_early:
+        while True:
+            conn, _ = sock.accept()
+            data = b""
+            while b"\n" not in data:
+                chunk = conn.recv(65536)
+                if not chunk:
+                    break
+                data += chunk
+            line = json.loads(data.split(b"\n")[0])
+            out.write(json.dumps({"at": time.time(), "line": line}) + "\n")
+            send_receipt(line, args.receipt)
+            time.sleep(0.5)  # the receipt is in the daemon's hands before its poke sees EOF
+            read_connection(conn)
 
     def on_line(line) -> None:
         if args.receipt:

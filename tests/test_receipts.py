@@ -189,3 +189,21 @@ def test_a_dropped_doorbell_is_retried_once_per_batch_not_once_per_box(env, fake
         for name in mailbox.list_box(box).queued:
             mailbox.consume(box, name)
         d.wait_event("doorbell_rearmed", handle="drop-0002", count=batch)
+
+
+def test_receipt_that_outruns_the_poke_is_applied(env, fake_session, daemon):
+    """Claude sends `held` as soon as it has read the line, before our poke has seen EOF.
+
+    The fake holds the connection open for 0.5 s after sending the receipt, so the receipt is
+    always handled while the ring is still in flight. It must be matched (not `unknown_receipt`),
+    and its re-arm applied once the ring is recorded: the box is looked at again at once
+    (session_unreachable), long before the 60 s outstanding limit would have."""
+    fs = fake_session("sess-early", receipt="held", receipt_early=True)
+    env.claim("early-0001", fs.pid, "sess-early")
+    d = daemon("--outstanding-limit", "60s")
+    env.drop("early-0001")
+    d.wait_event("poke_receipt", handle="early-0001", status="held")
+    d.wait_event("session_unreachable", handle="early-0001", reason="receipt_held", timeout=10)
+    assert not d.events("peer_reply_ignored"), d.log_path.read_text()
+    sent = d.events("poke_sent", handle="early-0001")
+    assert len(sent) == 1 and len(fs.lines()) == 1

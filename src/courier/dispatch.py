@@ -105,6 +105,9 @@ class Dispatcher:
         self._kick = trio.Event()
         self._skipped_logged: set[str] = set()
         self.watcher_info: dict = {}  # what the watcher said when it was armed (status shows it)
+        # Receipts that came back while their ring was still being recorded (Claude answers
+        # within a millisecond of reading the line, before our poke has seen EOF).
+        self.early: dict[BoxId, list] = {}
 
     # ------------------------------------------------------------ the watcher's sink
 
@@ -302,6 +305,7 @@ class Dispatcher:
             return
         finally:
             box.in_flight = False
+            early = self.early.pop(box_id, ())
         now = trio.current_time()
         note = ("rung", outcome.ring) if outcome.sent else ("failed", outcome.reason, box.queued)
         decide.after_ring(box, decision, outcome.sent, outcome.reason, now, note)
@@ -311,6 +315,7 @@ class Dispatcher:
             # Mail may have moved while we rang; look again. A failure waits for the
             # next event, registry change or rescan instead of retrying in a loop.
             self.box_dirty(*box_id)
+        self.apply(early)  # after the ring is recorded: a held receipt re-arms what it rang
 
     # ------------------------------------------------------------ receipts' effects
 
@@ -318,6 +323,9 @@ class Dispatcher:
         for effect in effects:
             box = self.boxes.get(effect.box)
             if box is None:
+                continue
+            if box.in_flight:
+                self.early.setdefault(effect.box, []).append(effect)
                 continue
             if isinstance(effect, Note):
                 box.last_receipt = effect.receipt

@@ -79,6 +79,10 @@ class Receipts:
         ):
             self.pending.popitem(last=False)
 
+    def untrack(self, msg_id: str) -> None:
+        """The write failed: nothing reached the session, so no receipt can be about it."""
+        self.pending.pop(msg_id, None)
+
     def rearmed(self, box: tuple) -> None:
         self.retried.discard(box)
 

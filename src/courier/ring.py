@@ -57,7 +57,14 @@ class Ringer:
             from_addr = self.receipt_server.address_for(target.socket_path) if self.receipt_server else None
             line = doorbell.compose(ring=number, queued=len(decision.names), box=box_path,
                                     session_id=target.session_id, msg_id=msg_id, from_addr=from_addr)
+            if self.receipts is not None:
+                # Before the write: Claude sends a held receipt as soon as it has read the line,
+                # often before our poke has seen EOF (measured: 0.5-2 ms after the write).
+                self.receipts.track(msg_id, box_id, handle, target.session_id, target.pid, number,
+                                    trio.current_time())
             result = await poke(target.socket_path, line, expected_pid=target.pid, timeout=self.poke_timeout)
+            if not result.sent and self.receipts is not None:
+                self.receipts.untrack(msg_id)
         if not result.sent:
             self.stats["fallbacks"] += 1
             log.info(
@@ -74,10 +81,8 @@ class Ringer:
         wall = time.time()
         level = self.store.woke(decision.recipient, handle, decision.level, wall)
         self.stats["pokes"] += 1
-        if self.receipts is not None and decision.transport == decide.SOCKET:
-            self.receipts.track(msg_id, box_id, handle, target.session_id, target.pid, number, trio.current_time())
-            if self.nursery is not None:
-                self.nursery.start_soon(self._infer, msg_id, target, handle, number)
+        if self.receipts is not None and decision.transport == decide.SOCKET and self.nursery is not None:
+            self.nursery.start_soon(self._infer, msg_id, target, handle, number)
         log.info(
             "poke_sent",
             ring=number,

@@ -293,11 +293,13 @@ def test_spawn_posture(world):
     path = Path(w.courier("send", h_bad, "--subject", "for held", "--body", "x").stdout.strip())
     try:
         receipt = wait_until(lambda: w.events("poke_receipt", handle=h_bad, status="held"), 10, "held receipt")
-    except AssertionError as exc:  # seen once in ~30 runs: say what the daemon decided, for the next look
-        trail = [(e.get("event"), e.get("reason") or e.get("status")) for e in w.events(handle=h_bad)]
+    except AssertionError as exc:  # say what the daemon decided, and any receipt it could not match
+        trail = [(e.get("event"), e.get("reason") or e.get("status"))
+                 for e in w.events(handle=h_bad) + w.events("peer_reply_ignored")]
         raise AssertionError(f"{exc}; the daemon's events for {h_bad}: {trail}; pane: {bad.capture()[-600:]!r}") from None
     sent = w.events("poke_sent", handle=h_bad)
     assert sent
+    assert not w.events("peer_reply_ignored"), "every receipt matched a poke we sent"
     assert w.events("session_holds_doorbells", handle=h_bad)
     # status reads the daemon's snapshot, written at most once a second
     wait_until(lambda: re.search(rf"{h_bad}.*held", w.courier("status").stdout), 5, "status to show held")
