@@ -185,7 +185,11 @@ def test_a_dropped_doorbell_is_retried_once_per_batch_not_once_per_box(env, fake
     for batch in range(1, 3):
         env.drop("drop-0002")
         # the retry comes a fixed 2 s after the drop (receipts.retry_after_s): leave room for a loaded machine
-        wait_for(lambda n=batch: len(fs.lines()) == 2 * n, timeout=15, what=f"batch {batch}: the ring and its one retry")
+        try:
+            wait_for(lambda n=batch: len(fs.lines()) == 2 * n, timeout=15,
+                     what=f"batch {batch}: the ring and its one retry")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; lines {len(fs.lines())}; log:\n{d.log_path.read_text()}") from None
         for name in mailbox.list_box(box).queued:
             mailbox.consume(box, name)
         d.wait_event("doorbell_rearmed", handle="drop-0002", count=batch)

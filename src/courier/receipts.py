@@ -41,6 +41,7 @@ class Pending(NamedTuple):
     pid: int
     ring: int
     at: float
+    batch: int = 0  # the box's batch when it rang: a late receipt of an earlier batch retries nothing
 
 
 class Note(NamedTuple):
@@ -69,11 +70,12 @@ class Receipts:
         self.blocks: OrderedDict[tuple[str, int], tuple[str, float | None]] = OrderedDict()
         self.warned_held: OrderedDict[tuple[str, int], None] = OrderedDict()
         self.retried: set[tuple] = set()  # boxes whose dropped doorbell was already retried once
+        self.batches: dict[tuple, int] = {}  # box -> how many batches it has had read (rearmed)
 
     # ------------------------------------------------------------ what we sent
 
     def track(self, msg_id: str, box: tuple, handle: str, session_id: str, pid: int, ring: int, now: float) -> None:
-        self.pending[msg_id] = Pending(box, handle, session_id, pid, ring, now)
+        self.pending[msg_id] = Pending(box, handle, session_id, pid, ring, now, self.batches.get(box, 0))
         while self.pending and (
             len(self.pending) > PENDING_MAX or now - next(iter(self.pending.values())).at > PENDING_TTL_S
         ):
@@ -85,9 +87,11 @@ class Receipts:
 
     def rearmed(self, box: tuple) -> None:
         self.retried.discard(box)
+        self.batches[box] = self.batches.get(box, 0) + 1
 
     def forget_box(self, box: tuple) -> None:
         self.retried.discard(box)
+        self.batches.pop(box, None)
 
     # ------------------------------------------------------------ what came back
 
@@ -149,7 +153,7 @@ class Receipts:
             self.pending.pop(msg_id, None)
         elif status == "dropped":
             self.pending.pop(msg_id, None)
-            if p.box not in self.retried:
+            if p.box not in self.retried and p.batch == self.batches.get(p.box, 0):
                 # One retry, with a new ring text, after the pacing window.
                 self.retried.add(p.box)
                 effects.append(Retry(p.box, now + self.retry_after_s, f"session:{p.session_id}"))
@@ -178,4 +182,4 @@ class Receipts:
 
     def sizes(self) -> dict:
         return {"pending": len(self.pending), "blocks": len(self.blocks), "warned": len(self.warned_held),
-                "retried": len(self.retried)}
+                "retried": len(self.retried), "batches": len(self.batches)}
