@@ -512,7 +512,8 @@ def test_every_sender_format_is_rung_and_delivered_by_courier(env, fake_session,
              write_like_app(box, "via app: a/b", "BODY-2"),
              write_like_pi(box, "agent-pi", "via pi", "BODY-3")]
     wait_for(fs.lines, what="the doorbell")
-    assert d.events("poke_sent", handle="proj-abcd")[0]["weak_liveness"] is True
+    # the fake records the line when it reads EOF; the daemon logs poke_sent just after
+    assert d.wait_event("poke_sent", handle="proj-abcd")[0]["weak_liveness"] is True
     out = deliver(env, sid)
     for subject in ("via skill", "via app: a/b", "via pi"):
         assert subject in out
@@ -557,6 +558,7 @@ def test_one_daemon_serves_every_suite_root(env, fake_session, daemon):
     mailbox.drop_message(helm_dir / "mail-drive", "two-0001", sender="x", subject="y", body="z")
     wait_for(one.lines, what="ring in the default root")
     wait_for(two.lines, what="ring in the suite root")
+    d.wait_event("poke_sent", count=2)  # logged just after the fake has read the line
     sent = {e["handle"]: e for e in d.events("poke_sent")}
     assert sent["two-0001"]["root"] == str(helm_dir / "mail-drive")
     p = subprocess.run([sys.executable, "-m", "courier", "status"], env=dict(env.vars(), HELM_MAIL_DIR=""),
