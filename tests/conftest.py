@@ -37,6 +37,17 @@ def wait_for(predicate, timeout: float = 5.0, interval: float = 0.01, what: str 
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
+def jsonl(path: Path) -> list[dict]:
+    """The complete lines of a JSON-lines file another process is appending to.
+
+    A long line can be read half-written; the last piece has no newline yet and is left for the next look."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return []
+    return [json.loads(line) for line in text.split("\n")[:-1] if line.strip()]
+
+
 @dataclass
 class Env:
     root: Path
@@ -129,7 +140,7 @@ class FakeSession:
     def lines(self) -> list[dict]:
         if not self.out.exists():
             return []
-        return [json.loads(l)["line"] for l in self.out.read_text().splitlines() if l.strip()]
+        return [rec["line"] for rec in jsonl(self.out)]
 
     def kill(self, sig=signal.SIGKILL) -> None:
         if self.proc.poll() is None:

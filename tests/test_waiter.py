@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 import trio
-from conftest import wait_for
+from conftest import jsonl, wait_for
 
 from courier import waiters
 
@@ -192,10 +192,7 @@ def switches(pid: int) -> int:
 
 
 def hook_events(env, event: str | None = None) -> list[dict]:
-    path = env.state / "hooks.log"
-    if not path.exists():
-        return []
-    recs = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    recs = jsonl(env.state / "hooks.log")
     return [r for r in recs if event is None or r["event"] == event]
 
 
