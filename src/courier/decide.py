@@ -50,6 +50,7 @@ class BoxState:
     last_receipt: dict | None = None
     recipient: str | None = None  # wake-cap key of the session last resolved as its owner
     transport: str | None = None  # how the last wake travelled
+    ring: int | None = None  # the number of the outstanding wake (a receipt names the ring it is about)
     failures: int = 0  # consecutive unexpected failures while handling it (box_failed)
     owner_pid: int | None = None  # from owner.json at the last look: registry changes at this pid ...
     owner_sid: str | None = None  # ... or naming this session look at the box again
@@ -219,7 +220,8 @@ def decide(box: BoxState, listing: Listing, world: World, *, now: float, wall: f
     return Ring(target, transport, listing.queued, recipient, level, problem or None)
 
 
-def after_ring(box: BoxState, ring: Ring, sent: bool, reason: str | None, now: float, note: tuple) -> None:
+def after_ring(box: BoxState, ring: Ring, sent: bool, reason: str | None, now: float, note: tuple,
+               number: int | None = None) -> None:
     """Record a ring's outcome. A sent wake makes the batch outstanding; a failed one leaves the
     mail for the prompt until the next event, registry change or rescan looks again."""
     box.in_flight = False
@@ -229,6 +231,7 @@ def after_ring(box: BoxState, ring: Ring, sent: bool, reason: str | None, now: f
         box.batch = frozenset(ring.names)
         box.last_reason = None
         box.transport = ring.transport
+        box.ring = number
     else:
         box.last_reason = reason
 

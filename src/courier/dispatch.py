@@ -212,15 +212,18 @@ class Dispatcher:
     # ------------------------------------------------------------ one box
 
     async def look(self, box_id: BoxId) -> None:
+        known = self.boxes.get(box_id)
+        ringing = known is not None and known.in_flight
         try:
             self._look(box_id)
         except Exception as exc:  # noqa: BLE001 - crash-only isolation: this box alone is retried
-            self._failed(box_id, exc)
+            self._failed(box_id, exc, ringing)
 
-    def _failed(self, box_id: BoxId, exc: BaseException) -> None:
+    def _failed(self, box_id: BoxId, exc: BaseException, ringing: bool = False) -> None:
         box = self.boxes.setdefault(box_id, BoxState())
         box.failures += 1
-        box.in_flight = False
+        if not ringing:  # a ring decided by the failed look never started; a running one clears its own flag
+            box.in_flight = False
         delay = min(BACKOFF_MAX_S, 2.0 ** box.failures)
         frame = traceback.extract_tb(exc.__traceback__)[-1] if exc.__traceback__ else None
         where = f"{os.path.basename(frame.filename)}:{frame.lineno}:{frame.name}" if frame else "?"
@@ -258,12 +261,16 @@ class Dispatcher:
                 log.warning("box_damaged", reason=damaged, fix=mailbox.FIXES[damaged],
                             consequence="its mail is shown at each prompt but never moved to read/")
         now = trio.current_time()
-        outstanding = box.outstanding_since is not None
+        outstanding, had_mail = box.outstanding_since is not None, box.queued > 0
         decision = decide.decide(box, listing, _World(self, box_id, box), now=now, wall=time.time(),
                                  policy=self.policy, log=log)
         box.failures = 0
-        if outstanding and box.outstanding_since is None and self.receipts is not None:
-            self.receipts.rearmed(box_id)  # a new batch: its doorbell may be retried once again if dropped
+        if self.receipts is not None and (
+            (outstanding and box.outstanding_since is None) or (had_mail and not box.queued)
+        ):
+            # The batch was read (a receipt's Retry may have re-armed it already): the next
+            # batch's doorbell may be retried once again if dropped.
+            self.receipts.rearmed(box_id)
         if isinstance(decision, Ring):
             self.last_wake[decision.target.session_id] = now
             if len(self.last_wake) > LAST_WAKE_MAX:
@@ -301,14 +308,17 @@ class Dispatcher:
         try:
             outcome = await self.ringer.ring(box_id, decision, log)
         except Exception as exc:  # noqa: BLE001 - one ring must never end the daemon
+            outcome = None
             self._failed(box_id, exc)
-            return
         finally:
             box.in_flight = False
             early = self.early.pop(box_id, ())
+        if outcome is None:
+            self.apply(early)  # a receipt that came meanwhile still says what the session did
+            return
         now = trio.current_time()
         note = ("rung", outcome.ring) if outcome.sent else ("failed", outcome.reason, box.queued)
-        decide.after_ring(box, decision, outcome.sent, outcome.reason, now, note)
+        decide.after_ring(box, decision, outcome.sent, outcome.reason, now, note, outcome.ring)
         self.store.mark_dirty()
         if outcome.sent:
             self.schedule(box_id, now + self.policy.outstanding_limit)
@@ -330,10 +340,10 @@ class Dispatcher:
             if isinstance(effect, Note):
                 box.last_receipt = effect.receipt
                 self.store.mark_dirty()
-            elif isinstance(effect, Retry) and box.outstanding_since is not None:
+            elif isinstance(effect, Retry) and box.outstanding_since is not None and box.ring == effect.ring:
                 decide.rearm(box)
-                if effect.recipient:
-                    self.store.refund(effect.recipient, time.time())
+                if box.recipient:
+                    self.store.refund(box.recipient, time.time())
                 self.schedule(effect.box, effect.at)
 
     # ------------------------------------------------------------ what status shows

@@ -52,12 +52,13 @@ class Note(NamedTuple):
 
 
 class Retry(NamedTuple):
-    """Forget the box's outstanding wake and look again at `at`; the wake that did not happen is
-    taken back off the recipient's wake level (a held or dropped doorbell woke nobody)."""
+    """If the box's outstanding wake is still ring `ring`: forget it and look again at `at`, and take
+    the wake back off its recipient's level (a held or dropped doorbell woke nobody). A receipt about
+    an earlier ring says nothing about the wake outstanding now."""
 
     box: tuple
     at: float
-    recipient: str | None = None
+    ring: int
 
 
 class Receipts:
@@ -139,7 +140,7 @@ class Receipts:
             hint = HOLD_HINT
             # Look again at once: the transport choice now skips the socket, so a waiter (if the
             # session has one) carries the same batch; without one the mail is held for the prompt.
-            effects.append(Retry(p.box, now, f"session:{p.session_id}"))
+            effects.append(Retry(p.box, now, p.ring))
             if key not in self.warned_held:
                 self.warned_held[key] = None
                 while len(self.warned_held) > BLOCKS_MAX:
@@ -156,7 +157,7 @@ class Receipts:
             if p.box not in self.retried and p.batch == self.batches.get(p.box, 0):
                 # One retry, with a new ring text, after the pacing window.
                 self.retried.add(p.box)
-                effects.append(Retry(p.box, now + self.retry_after_s, f"session:{p.session_id}"))
+                effects.append(Retry(p.box, now + self.retry_after_s, p.ring))
         effects.append(Note(p.box, {"status": status, "reason": drop or reason[:120], "at": time.time(), "hint": hint}))
         return effects
 

@@ -103,6 +103,8 @@ class Ringer:
         await trio.sleep(INFER_AFTER_S)
         if self.receipts is None or msg_id not in self.receipts.pending:
             return  # a receipt came: it said what happened
+        if self.receipts.blocked(target.session_id, target.pid, trio.current_time()):
+            return  # held: a turn now is the waiter's wake or the person's, not this doorbell's
         try:
             rec = registry.read_record_once(self.registry_dir, f"{target.pid}.json")
         except (OSError, registry.BadRecord):
