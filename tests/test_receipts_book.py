@@ -83,3 +83,18 @@ def test_untracked_and_foreign_receipts_change_nothing():
     with capture_logs() as logs:
         assert r.on_line(receipt("m2", "held"), PID + 1, 100.0) == []
     assert logs[0]["event"] == "receipt_rejected" and r.blocked("sess-1", PID, 100.0) is None
+
+
+def test_a_batched_dropped_receipt_answers_every_poke_it_names():
+    """Claude sends the first drop per sender at once and batches later ones (after 5 s) into one
+    receipt with `dropped_msg_ids`. Each named poke of ours is answered, each box gets its retry."""
+    r = book()
+    other = ("/mail", "web-77aa")
+    ring(r, "m1", 1)
+    r.track("m2", other, "web-77aa", "sess-1", PID, 2, 100.0)
+    line = receipt("m1", "dropped", drop_reason="rate-limited", dropped_msg_ids=["m1", "m2", "not-ours", 7])
+    effects = r.on_line(line, PID, 105.0)
+    assert sorted(e.box for e in retries(effects)) == sorted([BOX, other])
+    assert r.pending == {}, "both answered"
+    assert retries(r.on_line(receipt("x", "held", dropped_msg_ids=["m3"]), PID, 105.0)) == [], \
+        "only a dropped receipt names others"

@@ -25,6 +25,7 @@ from .text import escape
 
 STATUSES = {"held", "delivered", "denied", "expired", "refused", "dropped"}
 PENDING_MAX = 10_000
+DROPPED_IDS_MAX = 256  # Claude's own bound on one batched dropped receipt
 PENDING_TTL_S = 3600.0  # a held doorbell can be denied by a person much later; not an hour later
 BLOCKS_MAX = 10_000
 HOLD_HINT = 'set "crossSessionInbound": "accept" in its settings (courier spawn-settings)'
@@ -117,15 +118,21 @@ class Receipts:
         status = data.get("status")
         if status == "expired" and data.get("status_detail") == "refused":
             status = "refused"
-        orig = data.get("orig_msg_id")
-        pending = self.pending.get(orig) if isinstance(orig, str) else None
-        if status not in STATUSES or pending is None:
+        ids = [data.get("orig_msg_id")]
+        if status == "dropped" and isinstance(data.get("dropped_msg_ids"), list):
+            # Claude batches the later drops of one sender into one receipt (after 5 s, up to 256 ids).
+            ids += data["dropped_msg_ids"][:DROPPED_IDS_MAX]
+        matched = {i: self.pending[i] for i in ids if isinstance(i, str) and i in self.pending}
+        if status not in STATUSES or not matched:
             log.info("peer_reply_ignored", peer_pid=peer_pid, reason="unknown_receipt", status=escape(status, 32))
             return []
-        if peer_pid is not None and peer_pid != pending.pid:
-            log.warning("receipt_rejected", reason="peer_pid_mismatch", peer_pid=peer_pid, handle=pending.handle)
-            return []
-        return self._apply(pending, orig, status, data, now, log)
+        effects: list = []
+        for msg_id, pending in matched.items():
+            if peer_pid is not None and peer_pid != pending.pid:
+                log.warning("receipt_rejected", reason="peer_pid_mismatch", peer_pid=peer_pid, handle=pending.handle)
+                continue
+            effects += self._apply(pending, msg_id, status, data, now, log)
+        return effects
 
     def _apply(self, p: Pending, msg_id: str, status: str, data: dict, now: float, log) -> list:
         reason = escape(data["reason"], 200) if isinstance(data.get("reason"), str) else ""
