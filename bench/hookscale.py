@@ -133,11 +133,12 @@ class Scale:
             t = time.perf_counter()
             p = subprocess.run([str(VENV / "bin" / "python"), "-c", "pass"], capture_output=True, check=False)
             return (time.perf_counter() - t) * 1000, p, None
-        if name == "claim_startup":
+        if name in ("claim_startup", "claim_resume_nobox"):  # a session with no box yet: the claim makes one
             sid = self.new_sid()
-            ms, p = self.run("claim", {"session_id": sid, "cwd": CWD, "source": "startup"})
+            source = "startup" if name == "claim_startup" else "resume"
+            ms, p = self.run("claim", {"session_id": sid, "cwd": CWD, "source": source})
             if not (self.state / "by-session" / sid).exists():
-                problem = "fresh claim wrote no hint"
+                problem = f"{source} claim of a new box wrote no hint"
             return ms, p, problem
         if name == "claim_resume_hint":
             ms, p = self.run("claim", {"session_id": self.mine, "cwd": CWD, "source": "resume"})
@@ -152,12 +153,6 @@ class Scale:
             self.other_tool_box(sid, handle)
             ms, p = self.run("claim", {"session_id": sid, "cwd": CWD, "source": "resume"})
             return ms, p, self.check_hint(sid, handle)
-        if name == "claim_resume_nobox":
-            sid = self.new_sid()
-            ms, p = self.run("claim", {"session_id": sid, "cwd": CWD, "source": "resume"})
-            if not (self.state / "by-session" / sid).exists():
-                problem = "resumed claim wrote no hint"
-            return ms, p, problem
         if name in ("deliver_hint_0", "deliver_hint_1"):
             if name.endswith("_1"):
                 bench.drop(self.w.mail / self.mine_handle, random.getrandbits(30))

@@ -63,6 +63,7 @@ BENCH = REPO / "bench"
 sys.path.insert(0, str(BENCH))
 sys.path.insert(0, str(REPO / "tests"))
 import bench  # noqa: E402
+from fakesession import kill_all, read_connection, send_receipt, write_record  # noqa: E402
 
 NAME_RE = re.compile(r"^([0-9]{13})-([0-9a-f]{6})\.json$")
 MODES = [("none", 60), ("delivered", 25), ("dropped", 10), ("held", 5)]
@@ -80,8 +81,6 @@ EVENTS = ("poke_sent", "poke_failed", "poke_receipt", "poke_delivered", "box_fai
 
 
 def session_child(sid: str, sockdir: str, registry: str, mode: str, notify_path: str) -> None:
-    from fakesession import proc_start, read_connection, send_receipt
-
     pid = os.getpid()
     path = os.path.join(sockdir, f"{pid}.sock")
     record = os.path.join(registry, f"{pid}.json")
@@ -99,18 +98,7 @@ def session_child(sid: str, sockdir: str, registry: str, mode: str, notify_path:
     sock.bind(path)
     os.chmod(path, 0o600)
     sock.listen(256)
-    rec = {"pid": pid, "sessionId": sid, "procStart": proc_start(pid), "version": "2.1.328", "peerProtocol": 1,
-           "kind": "interactive", "messagingSocketPath": path, "status": "idle", "startedAt": int(time.time() * 1000),
-           "cwd": "/soak"}
-    try:
-        with open("/etc/machine-id") as f:
-            rec["pidDomain"] = f"linux:{f.read().strip()}:{os.readlink('/proc/self/ns/pid')}"
-    except OSError:
-        pass
-    tmp = os.path.join(registry, f".{pid}.tmp")
-    with open(tmp, "w") as f:
-        json.dump(rec, f)
-    os.rename(tmp, record)
+    write_record(registry, pid, sid, path, cwd="/soak")
     note = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     seen = 0
     while True:
@@ -181,16 +169,7 @@ def host_main() -> int:
             elif cmd[0] == "quit":
                 break
     finally:
-        for pid in kids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        for pid in kids:
-            try:
-                os.waitpid(pid, 0)
-            except ChildProcessError:
-                pass
+        kill_all(kids)
     return 0
 
 

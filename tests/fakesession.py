@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import socket
 import sys
 import threading
@@ -30,6 +31,46 @@ def pid_domain() -> str | None:
         return f"linux:{open('/etc/machine-id').read().strip()}:{os.readlink('/proc/self/ns/pid')}"
     except OSError:
         return None
+
+
+def write_record(registry: str, pid: int, session_id: str, socket_path: str, **fields) -> str:
+    """Claude's registry record for a fake session, written as Claude does (a temp file, then rename).
+    `fields` add to or override the defaults. Returns the record's path."""
+    record = {
+        "pid": pid,
+        "sessionId": session_id,
+        "startedAt": int(time.time() * 1000),
+        "procStart": proc_start(pid),
+        "version": "2.1.328",
+        "peerProtocol": 1,
+        "kind": "interactive",
+        "messagingSocketPath": socket_path,
+        "status": "idle",
+    }
+    record.update(fields)
+    dom = pid_domain()
+    if dom:
+        record["pidDomain"] = dom
+    path = os.path.join(registry, f"{pid}.json")
+    tmp = os.path.join(registry, f".{pid}.tmp")
+    with open(tmp, "w") as f:
+        json.dump(record, f)
+    os.rename(tmp, path)
+    return path
+
+
+def kill_all(pids) -> None:
+    """SIGKILL these children of ours, then reap each (a fleet's or a soak host's exit)."""
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    for pid in pids:
+        try:
+            os.waitpid(pid, 0)
+        except ChildProcessError:
+            pass
 
 
 def send_receipt(line: dict, status: str) -> None:
@@ -122,27 +163,9 @@ def main() -> int:
     os.chmod(args.socket, 0o600)
     if args.behaviour != "no_listen":
         sock.listen(64)
-    record = {
-        "pid": pid,
-        "sessionId": args.session_id,
-        "cwd": os.getcwd(),
-        "startedAt": int(time.time() * 1000),
-        "procStart": proc_start(pid),
-        "version": "2.1.328",
-        "peerProtocol": 1,
-        "kind": "interactive",
-        "entrypoint": "cli",
-        "messagingSocketPath": args.socket,
-        "status": args.status,
-    }
-    dom = pid_domain()
-    if dom:
-        record["pidDomain"] = dom
     os.makedirs(args.registry, mode=0o700, exist_ok=True)
-    tmp = os.path.join(args.registry, f".{pid}.tmp")
-    with open(tmp, "w") as f:
-        json.dump(record, f)
-    os.rename(tmp, os.path.join(args.registry, f"{pid}.json"))
+    write_record(args.registry, pid, args.session_id, args.socket, cwd=os.getcwd(), entrypoint="cli",
+                 status=args.status)
     print("ready", flush=True)
     if args.behaviour == "no_listen":
         time.sleep(3600)

@@ -17,7 +17,7 @@ import socket
 import sys
 import time
 
-from fakesession import proc_start, serve  # one fake-session server for every test
+from fakesession import kill_all, serve, write_record  # one fake session for every test
 
 
 def child(index: int, args) -> None:
@@ -27,18 +27,7 @@ def child(index: int, args) -> None:
     sock.bind(path)
     os.chmod(path, 0o600)
     sock.listen(512)
-    try:
-        dom = f"linux:{open('/etc/machine-id').read().strip()}:{os.readlink('/proc/self/ns/pid')}"
-    except OSError:
-        dom = None
-    rec = {"pid": pid, "sessionId": f"{args.prefix}-{index}", "procStart": proc_start(pid), "version": "2.1.328", "peerProtocol": 1,
-           "kind": "interactive", "messagingSocketPath": path, "status": "idle", "startedAt": int(time.time() * 1000)}
-    if dom:
-        rec["pidDomain"] = dom
-    tmp = os.path.join(args.registry, f".{pid}.tmp")
-    with open(tmp, "w") as f:
-        json.dump(rec, f)
-    os.rename(tmp, os.path.join(args.registry, f"{pid}.json"))
+    write_record(args.registry, pid, f"{args.prefix}-{index}", path)
     out = open(os.path.join(args.out, f"{pid}.jsonl"), "a", buffering=1)
     serve(sock, out, timeout=10)
 
@@ -65,16 +54,7 @@ def main() -> int:
         kids.append(pid)
 
     def stop(*_):
-        for k in kids:
-            try:
-                os.kill(k, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        for k in kids:
-            try:
-                os.waitpid(k, 0)
-            except ChildProcessError:
-                pass
+        kill_all(kids)
         os._exit(0)
 
     signal.signal(signal.SIGTERM, stop)

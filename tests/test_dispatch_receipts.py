@@ -55,7 +55,7 @@ class Ringer:
 
 
 @pytest.fixture
-def world(tmp_path, monkeypatch):
+async def world(tmp_path, monkeypatch, nursery):
     root = tmp_path / "mail"
     root.mkdir(mode=0o700)
     (tmp_path / "state").mkdir(mode=0o700)
@@ -68,12 +68,18 @@ def world(tmp_path, monkeypatch):
     ringer = Ringer(receipts, store)
     policy = Policy(min_interval=0.0, outstanding_limit=600.0, cap=100, half_life=600.0, supported_protocols=None)
     d = Dispatcher([root], tmp_path / "registry", store, ringer, log, policy, receipts=receipts)
+    d.poke_nursery = nursery  # pytest-trio cancels it after the test
     return d, BoxId(root, HANDLE), ringer, receipts
 
 
 async def look(d, box_id):
     await d.look(box_id)
     await trio.sleep(0.01)  # the ring runs in the poke nursery
+
+
+def answer(d, receipts, msg_id: str, status: str) -> None:
+    """The session's receipt for `msg_id` reaches the daemon (as receipt_server hands it on)."""
+    d.apply(receipts.on_line(receipt(msg_id, status), PID, trio.current_time()))
 
 
 def drop(box_id):
@@ -88,68 +94,56 @@ def read_all(box_id):
 
 async def test_a_batch_read_after_a_retry_rearmed_it_leaves_the_next_batch_its_retry(world):
     d, box_id, ringer, receipts = world
-    async with trio.open_nursery() as n:
-        d.poke_nursery = n
-        drop(box_id)
-        await look(d, box_id)
-        d.apply(receipts.on_line(receipt("m1", "dropped"), PID, trio.current_time()))  # re-armed, retry in 2 s
-        assert d.boxes[box_id].outstanding_since is None
-        read_all(box_id)  # the person's prompt read it before the retry rang
-        await look(d, box_id)
-        drop(box_id)
-        await look(d, box_id)
-        assert ringer.ids == ["m1", "m2"]
-        effects = receipts.on_line(receipt("m2", "dropped"), PID, trio.current_time())
-        assert any(type(e).__name__ == "Retry" for e in effects), "the new batch has its own retry"
-        n.cancel_scope.cancel()
+    drop(box_id)
+    await look(d, box_id)
+    answer(d, receipts, "m1", "dropped")  # re-armed, retry in 2 s
+    assert d.boxes[box_id].outstanding_since is None
+    read_all(box_id)  # the person's prompt read it before the retry rang
+    await look(d, box_id)
+    drop(box_id)
+    await look(d, box_id)
+    assert ringer.ids == ["m1", "m2"]
+    effects = receipts.on_line(receipt("m2", "dropped"), PID, trio.current_time())
+    assert any(type(e).__name__ == "Retry" for e in effects), "the new batch has its own retry"
 
 
 async def test_a_receipt_about_an_earlier_ring_leaves_the_outstanding_wake_alone(world):
     d, box_id, ringer, receipts = world
-    async with trio.open_nursery() as n:
-        d.poke_nursery = n
-        drop(box_id)
-        await look(d, box_id)
-        read_all(box_id)
-        await look(d, box_id)  # re-armed: batch one was read
-        drop(box_id)
-        await look(d, box_id)  # ring two is outstanding
-        since = d.boxes[box_id].outstanding_since
-        level = d.store.table.levels[d.boxes[box_id].recipient].value
-        d.apply(receipts.on_line(receipt("m1", "held"), PID, trio.current_time()))
-        box = d.boxes[box_id]
-        assert box.outstanding_since == since and box.ring == 2, "ring two is still the outstanding wake"
-        assert d.store.table.levels[box.recipient].value == level, "no refund for a wake that did happen"
-        assert box.last_receipt["status"] == "held", "the session's answer is still shown"
-        n.cancel_scope.cancel()
+    drop(box_id)
+    await look(d, box_id)
+    read_all(box_id)
+    await look(d, box_id)  # re-armed: batch one was read
+    drop(box_id)
+    await look(d, box_id)  # ring two is outstanding
+    since = d.boxes[box_id].outstanding_since
+    level = d.store.table.levels[d.boxes[box_id].recipient].value
+    answer(d, receipts, "m1", "held")
+    box = d.boxes[box_id]
+    assert box.outstanding_since == since and box.ring == 2, "ring two is still the outstanding wake"
+    assert d.store.table.levels[box.recipient].value == level, "no refund for a wake that did happen"
+    assert box.last_receipt["status"] == "held", "the session's answer is still shown"
 
 
 async def test_a_receipt_that_lands_mid_ring_is_applied_after_it(world):
     d, box_id, ringer, receipts = world
-    ringer.during = lambda msg_id: d.apply(receipts.on_line(receipt(msg_id, "held"), PID, trio.current_time()))
-    async with trio.open_nursery() as n:
-        d.poke_nursery = n
-        drop(box_id)
-        await look(d, box_id)
-        box = d.boxes[box_id]
-        assert box.outstanding_since is None, "the held doorbell re-armed the wake it rang"
-        assert box.last_receipt["status"] == "held" and not d.early
-        assert d.store.table.levels[box.recipient].value < 0.5, "and took the wake back"
-        n.cancel_scope.cancel()
+    ringer.during = lambda msg_id: answer(d, receipts, msg_id, "held")
+    drop(box_id)
+    await look(d, box_id)
+    box = d.boxes[box_id]
+    assert box.outstanding_since is None, "the held doorbell re-armed the wake it rang"
+    assert box.last_receipt["status"] == "held" and not d.early
+    assert d.store.table.levels[box.recipient].value < 0.5, "and took the wake back"
 
 
 async def test_a_receipt_that_lands_in_a_ring_that_then_breaks_is_still_shown(world):
     d, box_id, ringer, receipts = world
-    ringer.during = lambda msg_id: d.apply(receipts.on_line(receipt(msg_id, "held"), PID, trio.current_time()))
+    ringer.during = lambda msg_id: answer(d, receipts, msg_id, "held")
     ringer.fail = True
-    async with trio.open_nursery() as n:
-        d.poke_nursery = n
-        drop(box_id)
-        await look(d, box_id)
-        box = d.boxes[box_id]
-        assert box.failures == 1 and not box.in_flight and not d.early
-        assert box.last_receipt["status"] == "held"
-        n.cancel_scope.cancel()
+    drop(box_id)
+    await look(d, box_id)
+    box = d.boxes[box_id]
+    assert box.failures == 1 and not box.in_flight and not d.early
+    assert box.last_receipt["status"] == "held"
 
 
 async def test_a_look_that_fails_mid_ring_does_not_end_the_ring_early(world, monkeypatch):
@@ -165,7 +159,7 @@ async def test_a_look_that_fails_mid_ring_does_not_end_the_ring_early(world, mon
         monkeypatch.setattr(dispatch.decide, "decide", broken)
         await d.look(box_id)
         monkeypatch.setattr(dispatch.decide, "decide", real)
-        d.apply(receipts.on_line(receipt(msg_id, "held"), PID, trio.current_time()))
+        answer(d, receipts, msg_id, "held")
 
     class Ringing(Ringer):
         async def ring(self, box_id, decision, log):
@@ -177,11 +171,8 @@ async def test_a_look_that_fails_mid_ring_does_not_end_the_ring_early(world, mon
             return Outcome(True, None, number)
 
     d.ringer = Ringing(receipts, d.store)
-    async with trio.open_nursery() as n:
-        d.poke_nursery = n
-        drop(box_id)
-        await look(d, box_id)
-        box = d.boxes[box_id]
-        assert box.failures == 1, "the failing look was isolated"
-        assert box.outstanding_since is None and box.last_receipt["status"] == "held", "the held receipt re-armed"
-        n.cancel_scope.cancel()
+    drop(box_id)
+    await look(d, box_id)
+    box = d.boxes[box_id]
+    assert box.failures == 1, "the failing look was isolated"
+    assert box.outstanding_since is None and box.last_receipt["status"] == "held", "the held receipt re-armed"
